@@ -1,0 +1,2 @@
+//! Block pool benchmarks, kvbm beside kvbm-logical (placeholder until written).
+fn main() {}

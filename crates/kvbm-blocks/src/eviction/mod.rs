@@ -1,0 +1,110 @@
+//! The inactive pool: registered blocks no handle holds, in eviction order.
+//!
+//! One enum rather than a trait object so the per-block calls on the match and
+//! release paths are direct, inlinable branches.
+
+mod lineage;
+mod list;
+mod multi_level;
+mod sketch;
+
+use crate::{BlockId, EvictionPolicy, SequenceHash};
+
+use self::lineage::Lineage;
+use self::list::SlotLists;
+use self::multi_level::MultiLevel;
+
+/// Cached blocks, ordered for eviction by the configured policy.
+#[derive(Debug)]
+pub(crate) enum InactivePool {
+    Lru(SlotLists),
+    MultiLevel(MultiLevel),
+    Lineage(Lineage),
+}
+
+impl InactivePool {
+    pub(crate) fn new(policy: EvictionPolicy, slots: usize) -> Self {
+        match policy {
+            EvictionPolicy::Lru => Self::Lru(SlotLists::new(slots, 1)),
+            EvictionPolicy::MultiLevelLru => Self::MultiLevel(MultiLevel::new(slots)),
+            EvictionPolicy::Lineage => Self::Lineage(Lineage::new(slots)),
+        }
+    }
+
+    /// Cached blocks.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Lru(lru) => lru.len(),
+            Self::MultiLevel(ml) => ml.len(),
+            Self::Lineage(lin) => lin.len(),
+        }
+    }
+
+    /// Whether `id` is cached here.
+    pub(crate) fn contains(&self, id: BlockId) -> bool {
+        let lists = match self {
+            Self::Lru(lru) => lru,
+            Self::MultiLevel(ml) => ml.lists(),
+            Self::Lineage(lin) => lin.lists(),
+        };
+        lists.list_of(id).is_some()
+    }
+
+    /// A block was registered as the primary for `hash`; `parent` is the
+    /// registered block holding the parent hash, if any.
+    #[inline]
+    pub(crate) fn on_register(&mut self, id: BlockId, hash: SequenceHash, parent: Option<BlockId>) {
+        match self {
+            Self::Lru(_) => {}
+            Self::MultiLevel(ml) => ml.touch(hash),
+            Self::Lineage(lin) => lin.link(id, parent),
+        }
+    }
+
+    /// A registered block was matched or deduplicated against.
+    #[inline]
+    pub(crate) fn on_hit(&mut self, hash: SequenceHash) {
+        if let Self::MultiLevel(ml) = self {
+            ml.touch(hash);
+        }
+    }
+
+    /// The last handle of a registered block dropped: it is now cached.
+    #[inline]
+    pub(crate) fn insert(&mut self, id: BlockId, hash: SequenceHash) {
+        match self {
+            Self::Lru(lru) => lru.push_back(0, id),
+            Self::MultiLevel(ml) => ml.insert(id, hash),
+            Self::Lineage(lin) => lin.insert(id),
+        }
+    }
+
+    /// A cached block was matched again and leaves the pool.
+    #[inline]
+    pub(crate) fn remove(&mut self, id: BlockId) {
+        let lists = match self {
+            Self::Lru(lru) => lru,
+            Self::MultiLevel(ml) => ml.lists_mut(),
+            Self::Lineage(lin) => lin.lists_mut(),
+        };
+        let removed = lists.unlink(id);
+        debug_assert!(removed.is_some(), "{id} was not cached");
+    }
+
+    /// Picks the next victim and removes it from the pool. The caller
+    /// unregisters it and then calls [`on_evicted`](Self::on_evicted).
+    pub(crate) fn evict(&mut self) -> Option<BlockId> {
+        match self {
+            Self::Lru(lru) => lru.pop_front(0),
+            Self::MultiLevel(ml) => ml.evict(),
+            Self::Lineage(lin) => lin.evict(),
+        }
+    }
+
+    /// `id` is no longer registered (its slot will be reused).
+    pub(crate) fn on_evicted(&mut self, id: BlockId) {
+        if let Self::Lineage(lin) = self {
+            lin.unlink_parent(id);
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! A count-min sketch of access frequency per hash, TinyLFU-style: four rows
+//! of saturating 4-bit counts (kept in bytes), halved periodically so old
+//! popularity fades.
+
+use std::hash::BuildHasher;
+
+use foldhash::fast::FixedState;
+
+const ROWS: usize = 4;
+const MAX_COUNT: u8 = 15;
+/// Seeds for the per-row hash functions; any distinct values do.
+const SEEDS: [u64; ROWS] = [
+    0x9e37_79b9_7f4a_7c15,
+    0xc2b2_ae3d_27d4_eb4f,
+    0x1656_67b1_9e37_79f9,
+    0x27d4_eb2f_1656_67c5,
+];
+
+#[derive(Debug)]
+pub(crate) struct FrequencySketch {
+    counts: Vec<u8>,
+    mask: usize,
+    increments: usize,
+    /// Halve every count after this many increments (10 × width, as TinyLFU).
+    sample_size: usize,
+    rows: [FixedState; ROWS],
+}
+
+impl FrequencySketch {
+    /// A sketch sized for about `capacity` distinct hot keys.
+    pub(crate) fn new(capacity: usize) -> Self {
+        let width = capacity.max(64).next_power_of_two();
+        Self {
+            counts: vec![0; width * ROWS],
+            mask: width - 1,
+            increments: 0,
+            sample_size: width.saturating_mul(10),
+            rows: SEEDS.map(FixedState::with_seed),
+        }
+    }
+
+    fn cell(&self, row: usize, key: u64) -> usize {
+        row * (self.mask + 1) + (self.rows[row].hash_one(key) as usize & self.mask)
+    }
+
+    /// Counts one access to `key`.
+    pub(crate) fn increment(&mut self, key: u64) {
+        for row in 0..ROWS {
+            let cell = self.cell(row, key);
+            if self.counts[cell] < MAX_COUNT {
+                self.counts[cell] += 1;
+            }
+        }
+        self.increments += 1;
+        if self.increments >= self.sample_size {
+            self.age();
+        }
+    }
+
+    /// The estimated access count of `key` (never an underestimate, before aging).
+    pub(crate) fn estimate(&self, key: u64) -> u8 {
+        (0..ROWS)
+            .map(|row| self.counts[self.cell(row, key)])
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Halves every count: the amortized O(1) aging of TinyLFU.
+    fn age(&mut self) {
+        for count in &mut self.counts {
+            *count /= 2;
+        }
+        self.increments /= 2;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_saturate_and_age() {
+        let mut sketch = FrequencySketch::new(64);
+        for _ in 0..20 {
+            sketch.increment(7);
+        }
+        assert_eq!(sketch.estimate(7), MAX_COUNT);
+        assert_eq!(sketch.estimate(8), 0);
+        sketch.age();
+        assert_eq!(sketch.estimate(7), MAX_COUNT / 2);
+    }
+
+    #[test]
+    fn aging_triggers_after_sample_size_increments() {
+        let mut sketch = FrequencySketch::new(64);
+        for _ in 0..10 {
+            sketch.increment(1);
+        }
+        // Other traffic up to one increment short of 10 × width.
+        for _ in 10..sketch.sample_size - 1 {
+            sketch.increment(2);
+        }
+        assert_eq!(sketch.estimate(1), 10);
+        sketch.increment(2);
+        assert_eq!(sketch.estimate(1), 5, "old popularity fades");
+    }
+}

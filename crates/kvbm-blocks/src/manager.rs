@@ -1,0 +1,234 @@
+//! [`BlockManager`]: the public face of a block pool.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use tracing::{debug, trace};
+
+use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock};
+use crate::pool::Shared;
+use crate::sync::Arc;
+use crate::{
+    BlockError, BlockManagerBuilder, CacheEvent, CompleteBlock, DuplicatePolicy, EvictionPolicy,
+    PoolAudit, PoolMetrics, Rejected, SequenceHash,
+};
+
+/// A pool of KV blocks with a prefix cache, for one storage tier `M`.
+///
+/// `M` is a marker type (say `struct Gpu;`) that keeps handles of different
+/// tiers from mixing at compile time; handles from two managers of the same
+/// tier are told apart at run time ([`BlockError::ForeignManager`]).
+///
+/// Cloning the manager is cheap and every clone is the same pool. All
+/// operations are safe to call from many threads; each takes the pool lock
+/// once.
+pub struct BlockManager<M> {
+    shared: Arc<Shared>,
+    _tier: PhantomData<fn() -> M>,
+}
+
+/// The blocks of an allocation and the cached hashes it evicted to make room.
+#[derive(Debug)]
+pub struct Allocation<M> {
+    /// The allocated blocks, empty as far as the pool knows.
+    pub blocks: Vec<MutableBlock<M>>,
+    /// Hashes that stopped being matchable because of this allocation.
+    pub evicted: Vec<SequenceHash>,
+}
+
+impl<M> BlockManager<M> {
+    /// Starts configuring a manager.
+    pub fn builder() -> BlockManagerBuilder<M> {
+        BlockManagerBuilder::new()
+    }
+
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            _tier: PhantomData,
+        }
+    }
+
+    fn owns(&self, shared: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, shared)
+    }
+
+    /// Allocates `count` blocks, all or nothing. Free blocks go first; when
+    /// the free pool runs dry, cached blocks are evicted in policy order.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::ExceedsCapacity`] if `count` exceeds the pool, or
+    /// [`BlockError::InsufficientBlocks`] (with the available count) if not
+    /// enough are free or evictable now. Nothing is allocated or evicted then.
+    pub fn allocate_blocks(&self, count: usize) -> Result<Vec<MutableBlock<M>>, BlockError> {
+        self.allocate_blocks_with_evictions(count)
+            .map(|allocation| allocation.blocks)
+    }
+
+    /// Like [`allocate_blocks`](Self::allocate_blocks), also reporting the
+    /// hashes evicted to make room, so a KV-aware router can mirror the cache.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate_blocks`](Self::allocate_blocks).
+    pub fn allocate_blocks_with_evictions(
+        &self,
+        count: usize,
+    ) -> Result<Allocation<M>, BlockError> {
+        let mut evicted = Vec::new();
+        let ids = self.shared.lock().allocate(count, &mut evicted);
+        let ids = ids.inspect_err(|err| debug!(count, %err, "allocation refused"))?;
+        trace!(count, evicted = evicted.len(), "allocated");
+        let blocks = ids
+            .into_iter()
+            .map(|id| MutableBlock::new(Lease::new(self.shared.clone(), id)))
+            .collect();
+        Ok(Allocation { blocks, evicted })
+    }
+
+    /// Publishes a complete block: it becomes matchable by every request.
+    ///
+    /// If the hash is already registered, the default
+    /// [`DuplicatePolicy::Deduplicate`] returns a handle to the registered
+    /// block and frees this one.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::ForeignManager`] (with the block back) if the block was
+    /// allocated by another manager.
+    pub fn register_block(
+        &self,
+        block: CompleteBlock<M>,
+    ) -> Result<ImmutableBlock<M>, Rejected<CompleteBlock<M>>> {
+        if !self.owns(block.lease.shared()) {
+            return Err(Rejected::new(BlockError::ForeignManager, block));
+        }
+        let mut block = block;
+        let info = self
+            .shared
+            .lock()
+            .register(block.block_id(), block.sequence_hash());
+        block.lease.disarm();
+        trace!(block = %info.block_id(), "registered");
+        Ok(ImmutableBlock::from_ref(self.shared.clone(), info))
+    }
+
+    /// Publishes a batch of complete blocks under one lock, in order.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::ForeignManager`] (with every block back, none
+    /// registered) if any block was allocated by another manager.
+    pub fn register_blocks(
+        &self,
+        mut blocks: Vec<CompleteBlock<M>>,
+    ) -> Result<ImmutableBlocks<M>, Rejected<Vec<CompleteBlock<M>>>> {
+        if !blocks.iter().all(|block| self.owns(block.lease.shared())) {
+            return Err(Rejected::new(BlockError::ForeignManager, blocks));
+        }
+        let mut infos = Vec::with_capacity(blocks.len());
+        {
+            let mut pool = self.shared.lock();
+            for block in &mut blocks {
+                infos.push(pool.register(block.block_id(), block.sequence_hash()));
+                block.lease.disarm();
+            }
+        }
+        trace!(count = infos.len(), "registered");
+        Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
+    }
+
+    /// The longest prefix of `hashes` that is registered, pinned. Cached
+    /// blocks in it are revived (they leave the inactive pool).
+    pub fn match_blocks(&self, hashes: &[SequenceHash]) -> ImmutableBlocks<M> {
+        let mut infos = Vec::with_capacity(hashes.len());
+        self.shared.lock().match_prefix(hashes, &mut infos);
+        trace!(requested = hashes.len(), matched = infos.len(), "matched");
+        ImmutableBlocks::from_refs(self.shared.clone(), infos)
+    }
+
+    /// Which of `hashes` are registered right now, without the prefix rule,
+    /// without pinning anything and without touching eviction order.
+    pub fn scan_matches(&self, hashes: &[SequenceHash]) -> Vec<bool> {
+        let pool = self.shared.lock();
+        hashes.iter().map(|&hash| pool.contains(hash)).collect()
+    }
+
+    /// Blocks an allocation could get now: free plus cached (evictable).
+    pub fn available_blocks(&self) -> usize {
+        self.shared.lock().available()
+    }
+
+    /// Blocks in the pool.
+    pub fn total_blocks(&self) -> usize {
+        self.shared.total
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.shared.block_size
+    }
+
+    /// The eviction policy the pool was built with.
+    pub fn eviction_policy(&self) -> EvictionPolicy {
+        self.shared.eviction
+    }
+
+    /// The duplicate policy the pool was built with.
+    pub fn duplicate_policy(&self) -> DuplicatePolicy {
+        self.shared.duplicates
+    }
+
+    /// Occupancy and lifetime counters, read at one instant.
+    pub fn metrics(&self) -> PoolMetrics {
+        self.shared.lock().metrics()
+    }
+
+    /// Evicts every cached block to the free pool and returns their hashes.
+    /// Blocks pinned by handles are untouched.
+    pub fn clear_cache(&self) -> Vec<SequenceHash> {
+        let evicted = self.shared.lock().clear_cache();
+        debug!(evicted = evicted.len(), "cache cleared");
+        evicted
+    }
+
+    /// Takes the recorded [`CacheEvent`]s, oldest first. Always empty unless
+    /// built with [`record_events(true)`](BlockManagerBuilder::record_events).
+    pub fn drain_events(&self) -> Vec<CacheEvent> {
+        self.shared.lock().drain_events()
+    }
+
+    /// Recounts every block slot by slot and cross-checks the free list,
+    /// registry and cache: a diagnostic for tests and leak hunts, O(blocks).
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::InvariantViolated`] if the pool is inconsistent, which
+    /// would be a bug in this crate.
+    pub fn audit(&self) -> Result<PoolAudit, BlockError> {
+        self.shared.lock().audit()
+    }
+
+    /// Whether `self` and `other` are handles to the same pool.
+    pub fn same_pool(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl<M> Clone for BlockManager<M> {
+    fn clone(&self) -> Self {
+        Self::from_shared(self.shared.clone())
+    }
+}
+
+impl<M> fmt::Debug for BlockManager<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockManager")
+            .field("total_blocks", &self.shared.total)
+            .field("block_size", &self.shared.block_size)
+            .field("eviction", &self.shared.eviction)
+            .field("duplicates", &self.shared.duplicates)
+            .finish_non_exhaustive()
+    }
+}

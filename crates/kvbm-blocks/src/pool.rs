@@ -1,0 +1,420 @@
+//! The pool's shared core: every slot's state, the free list, the registry and
+//! the inactive pool, behind one mutex.
+//!
+//! Reference counts of registered blocks are plain integers under that mutex,
+//! not per-handle atomics: a batch of handles ([`ImmutableBlocks`]) then costs
+//! one lock acquisition however many blocks it pins, where per-handle `Arc`s
+//! would cost two atomic read-modify-writes per block.
+//!
+//! [`ImmutableBlocks`]: crate::ImmutableBlocks
+
+use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
+
+use crate::eviction::InactivePool;
+use crate::sync::{Mutex, MutexGuard, lock};
+use crate::{
+    BlockError, BlockId, BlockInfo, CacheEvent, DuplicatePolicy, EvictionPolicy, PoolAudit,
+    PoolMetrics, SequenceHash,
+};
+
+/// What every handle and manager clone points at.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<PoolState>,
+    pub(crate) block_size: usize,
+    pub(crate) total: usize,
+    pub(crate) eviction: EvictionPolicy,
+    pub(crate) duplicates: DuplicatePolicy,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        total: usize,
+        block_size: usize,
+        eviction: EvictionPolicy,
+        duplicates: DuplicatePolicy,
+        record_events: bool,
+    ) -> Self {
+        Self {
+            state: Mutex::new(PoolState::new(total, eviction, duplicates, record_events)),
+            block_size,
+            total,
+            eviction,
+            duplicates,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
+        lock(&self.state)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    /// On the free list.
+    Free,
+    /// Owned by a `MutableBlock` or `CompleteBlock`.
+    Held,
+    /// The registry's block for its hash; cached when `refs == 0`.
+    Registered,
+    /// A second physical copy of a registered hash (`DuplicatePolicy::Allow`).
+    Duplicate,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    hash: SequenceHash,
+    /// Handles pinning a registered or duplicate block. Sticky at `u32::MAX`:
+    /// a block cloned four billion times stays pinned rather than wrapping.
+    refs: u32,
+    /// Bumped whenever the slot stops holding registered content, so a
+    /// `WeakBlock` from before cannot upgrade into the slot's next life.
+    epoch: u32,
+    state: SlotState,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    allocations: u64,
+    registrations: u64,
+    deduplications: u64,
+    match_requested: u64,
+    match_hit: u64,
+    evictions: u64,
+}
+
+/// The state behind the mutex. Every method runs with the lock held.
+#[derive(Debug)]
+pub(crate) struct PoolState {
+    slots: Vec<Slot>,
+    /// A stack: the most recently freed block is reused first (warm in cache).
+    free: Vec<BlockId>,
+    /// Chained hash value to the registered block holding it.
+    registry: HashMap<u64, BlockId, RandomState>,
+    inactive: InactivePool,
+    duplicates: DuplicatePolicy,
+    counters: Counters,
+    events: Option<Vec<CacheEvent>>,
+}
+
+impl PoolState {
+    fn new(
+        total: usize,
+        eviction: EvictionPolicy,
+        duplicates: DuplicatePolicy,
+        record_events: bool,
+    ) -> Self {
+        let empty = Slot {
+            hash: SequenceHash::root(0),
+            refs: 0,
+            epoch: 0,
+            state: SlotState::Free,
+        };
+        Self {
+            slots: vec![empty; total],
+            // Reversed so that allocation pops block 0 first.
+            free: (0..total as u32).rev().map(BlockId::new).collect(),
+            registry: HashMap::with_capacity_and_hasher(total, RandomState::default()),
+            inactive: InactivePool::new(eviction, total),
+            duplicates,
+            counters: Counters::default(),
+            events: record_events.then(Vec::new),
+        }
+    }
+
+    /// Free plus evictable: what an allocation could take right now.
+    pub(crate) fn available(&self) -> usize {
+        self.free.len() + self.inactive.len()
+    }
+
+    /// Takes `n` blocks, all or nothing: free ones first, then cached ones in
+    /// eviction order, whose hashes are appended to `evicted`.
+    pub(crate) fn allocate(
+        &mut self,
+        n: usize,
+        evicted: &mut Vec<SequenceHash>,
+    ) -> Result<Vec<BlockId>, BlockError> {
+        let total = self.slots.len();
+        if n > total {
+            return Err(BlockError::ExceedsCapacity {
+                requested: n,
+                total,
+            });
+        }
+        let available = self.available();
+        if n > available {
+            return Err(BlockError::InsufficientBlocks {
+                requested: n,
+                available,
+            });
+        }
+        let mut ids = Vec::with_capacity(n);
+        let from_free = n.min(self.free.len());
+        let split = self.free.len() - from_free;
+        ids.extend(self.free.drain(split..).rev());
+        while ids.len() < n {
+            // `available` counted every cached block, so this always finds one.
+            let Some((id, hash)) = self.evict_one() else {
+                break;
+            };
+            evicted.push(hash);
+            ids.push(id);
+        }
+        if ids.len() < n {
+            let available = ids.len();
+            for id in ids {
+                self.free.push(id);
+            }
+            return Err(BlockError::InvariantViolated(format!(
+                "inactive pool yielded {available} of the {n} blocks it counted"
+            )));
+        }
+        for id in &ids {
+            self.slots[id.index()].state = SlotState::Held;
+        }
+        self.counters.allocations += n as u64;
+        Ok(ids)
+    }
+
+    /// Evicts the policy's victim: unregisters it and leaves it `Free` but off
+    /// the free list, for the caller to hand out or push.
+    fn evict_one(&mut self) -> Option<(BlockId, SequenceHash)> {
+        let id = self.inactive.evict()?;
+        let slot = &mut self.slots[id.index()];
+        debug_assert!(slot.state == SlotState::Registered && slot.refs == 0);
+        let hash = slot.hash;
+        slot.state = SlotState::Free;
+        slot.epoch = slot.epoch.wrapping_add(1);
+        self.registry.remove(&hash.value());
+        self.inactive.on_evicted(id);
+        self.counters.evictions += 1;
+        if let Some(events) = &mut self.events {
+            events.push(CacheEvent::Removed(hash));
+        }
+        Some((id, hash))
+    }
+
+    /// A `MutableBlock` or `CompleteBlock` was dropped.
+    pub(crate) fn free_held(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
+        debug_assert_eq!(slot.state, SlotState::Held);
+        slot.state = SlotState::Free;
+        self.free.push(id);
+    }
+
+    /// Registers a held block under `hash`, returning the block that now
+    /// stands for the hash with one reference taken for the caller.
+    pub(crate) fn register(&mut self, id: BlockId, hash: SequenceHash) -> BlockInfo {
+        self.counters.registrations += 1;
+        if let Some(&existing) = self.registry.get(&hash.value()) {
+            self.inactive.on_hit(hash);
+            match self.duplicates {
+                DuplicatePolicy::Allow => {
+                    let slot = &mut self.slots[id.index()];
+                    *slot = Slot {
+                        hash,
+                        refs: 1,
+                        epoch: slot.epoch,
+                        state: SlotState::Duplicate,
+                    };
+                    return BlockInfo::new(id, slot.epoch, hash);
+                }
+                DuplicatePolicy::Deduplicate => {
+                    self.counters.deduplications += 1;
+                    self.free_held(id);
+                    return self.acquire(existing);
+                }
+            }
+        }
+        let parent = hash
+            .parent()
+            .and_then(|parent| self.registry.get(&parent).copied());
+        self.registry.insert(hash.value(), id);
+        let slot = &mut self.slots[id.index()];
+        *slot = Slot {
+            hash,
+            refs: 1,
+            epoch: slot.epoch,
+            state: SlotState::Registered,
+        };
+        let info = BlockInfo::new(id, slot.epoch, hash);
+        self.inactive.on_register(id, hash, parent);
+        if let Some(events) = &mut self.events {
+            events.push(CacheEvent::Stored(hash));
+        }
+        info
+    }
+
+    /// Takes a reference to a registered block, reviving it from the cache.
+    fn acquire(&mut self, id: BlockId) -> BlockInfo {
+        let slot = &mut self.slots[id.index()];
+        if slot.refs == 0 {
+            self.inactive.remove(id);
+        }
+        slot.refs = slot.refs.saturating_add(1);
+        BlockInfo::new(id, slot.epoch, slot.hash)
+    }
+
+    /// Appends the longest registered prefix of `hashes` to `out`, taking a
+    /// reference to each block.
+    pub(crate) fn match_prefix(&mut self, hashes: &[SequenceHash], out: &mut Vec<BlockInfo>) {
+        let before = out.len();
+        for hash in hashes {
+            let Some(&id) = self.registry.get(&hash.value()) else {
+                break;
+            };
+            self.inactive.on_hit(*hash);
+            out.push(self.acquire(id));
+        }
+        self.counters.match_requested += hashes.len() as u64;
+        self.counters.match_hit += (out.len() - before) as u64;
+    }
+
+    /// Whether `hash` is registered (held or cached).
+    pub(crate) fn contains(&self, hash: SequenceHash) -> bool {
+        self.registry.contains_key(&hash.value())
+    }
+
+    /// Another handle to a block the caller already pins.
+    pub(crate) fn add_ref(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
+        debug_assert!(slot.refs > 0, "{id} cloned without a reference");
+        slot.refs = slot.refs.saturating_add(1);
+    }
+
+    /// Drops one reference; the last one caches (or frees) the block.
+    pub(crate) fn release(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
+        debug_assert!(slot.refs > 0, "{id} released without a reference");
+        if slot.refs == u32::MAX || slot.refs == 0 {
+            return;
+        }
+        slot.refs -= 1;
+        if slot.refs > 0 {
+            return;
+        }
+        match slot.state {
+            SlotState::Registered => self.inactive.insert(id, slot.hash),
+            SlotState::Duplicate => {
+                slot.state = SlotState::Free;
+                slot.epoch = slot.epoch.wrapping_add(1);
+                self.free.push(id);
+            }
+            SlotState::Free | SlotState::Held => {
+                debug_assert!(false, "{id} referenced in state {:?}", slot.state);
+            }
+        }
+    }
+
+    /// Re-takes a reference to the block `info` described, if it still holds
+    /// the same registered content (held, cached, or a live duplicate).
+    pub(crate) fn upgrade(&mut self, info: &BlockInfo) -> bool {
+        let slot = &self.slots[info.block_id().index()];
+        let live = slot.epoch == info.epoch()
+            && slot.hash.value() == info.sequence_hash().value()
+            && match slot.state {
+                SlotState::Registered => true,
+                SlotState::Duplicate => slot.refs > 0,
+                SlotState::Free | SlotState::Held => false,
+            };
+        if live {
+            self.acquire(info.block_id());
+        }
+        live
+    }
+
+    /// Evicts every cached block to the free pool.
+    pub(crate) fn clear_cache(&mut self) -> Vec<SequenceHash> {
+        let mut evicted = Vec::with_capacity(self.inactive.len());
+        while let Some((id, hash)) = self.evict_one() {
+            self.free.push(id);
+            evicted.push(hash);
+        }
+        evicted
+    }
+
+    pub(crate) fn drain_events(&mut self) -> Vec<CacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub(crate) fn metrics(&self) -> PoolMetrics {
+        let total = self.slots.len();
+        let free = self.free.len();
+        let inactive = self.inactive.len();
+        PoolMetrics {
+            total_blocks: total,
+            free_blocks: free,
+            inactive_blocks: inactive,
+            in_use_blocks: total - free - inactive,
+            allocations: self.counters.allocations,
+            registrations: self.counters.registrations,
+            deduplications: self.counters.deduplications,
+            match_hashes_requested: self.counters.match_requested,
+            match_hashes_hit: self.counters.match_hit,
+            evictions: self.counters.evictions,
+        }
+    }
+
+    /// Recounts every slot from scratch and cross-checks the free list, the
+    /// registry and the inactive pool against the per-slot states.
+    pub(crate) fn audit(&self) -> Result<PoolAudit, BlockError> {
+        let fail = |msg: String| Err(BlockError::InvariantViolated(msg));
+        let mut audit = PoolAudit::default();
+        let mut on_free_list = vec![false; self.slots.len()];
+        for id in &self.free {
+            if std::mem::replace(&mut on_free_list[id.index()], true) {
+                return fail(format!("{id} is on the free list twice"));
+            }
+        }
+        for (index, slot) in self.slots.iter().enumerate() {
+            let id = BlockId::new(index as u32);
+            let cached = self.inactive.contains(id);
+            if on_free_list[index] != (slot.state == SlotState::Free) {
+                return fail(format!(
+                    "{id} is {:?} but free-listed: {}",
+                    slot.state, on_free_list[index]
+                ));
+            }
+            match slot.state {
+                SlotState::Free => audit.free_blocks += 1,
+                SlotState::Held => audit.held_blocks += 1,
+                SlotState::Registered if slot.refs == 0 => audit.inactive_blocks += 1,
+                SlotState::Registered => audit.active_blocks += 1,
+                SlotState::Duplicate => audit.duplicate_blocks += 1,
+            }
+            let should_be_cached = slot.state == SlotState::Registered && slot.refs == 0;
+            if cached != should_be_cached {
+                return fail(format!(
+                    "{id} is {:?} with {} refs but cached: {cached}",
+                    slot.state, slot.refs
+                ));
+            }
+            if slot.state == SlotState::Duplicate && slot.refs == 0 {
+                return fail(format!("duplicate {id} has no references"));
+            }
+            if slot.state == SlotState::Registered
+                && self.registry.get(&slot.hash.value()) != Some(&id)
+            {
+                return fail(format!("registered {id} is not in the registry"));
+            }
+        }
+        audit.registered_hashes = self.registry.len();
+        if audit.registered_hashes != audit.active_blocks + audit.inactive_blocks {
+            return fail(format!(
+                "registry holds {} hashes for {} registered blocks",
+                audit.registered_hashes,
+                audit.active_blocks + audit.inactive_blocks
+            ));
+        }
+        if audit.inactive_blocks != self.inactive.len() {
+            return fail(format!(
+                "inactive pool counts {} blocks, slots say {}",
+                self.inactive.len(),
+                audit.inactive_blocks
+            ));
+        }
+        Ok(audit)
+    }
+}

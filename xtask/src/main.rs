@@ -1,0 +1,239 @@
+//! `cargo xtask <gate>`: the project's one entry point for checks.
+//!
+//! `cargo xtask ci` runs every gate in order (all but `bench`); each gate is
+//! also its own subcommand. Run `cargo xtask help` for the list.
+
+mod layers;
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
+
+/// A named check, run from the workspace root.
+struct Gate {
+    name: &'static str,
+    about: &'static str,
+    run: fn(&Shell) -> Result<()>,
+}
+
+const GATES: &[Gate] = &[
+    Gate {
+        name: "fmt",
+        about: "rustfmt --check on every crate",
+        run: fmt,
+    },
+    Gate {
+        name: "clippy",
+        about: "clippy on all targets, warnings are errors",
+        run: clippy,
+    },
+    Gate {
+        name: "doc",
+        about: "rustdoc with warnings as errors",
+        run: doc,
+    },
+    Gate {
+        name: "test",
+        about: "unit, integration and doc tests of the kvbm crates",
+        run: test,
+    },
+    Gate {
+        name: "loom",
+        about: "loom models (--cfg kvbm_loom, own target dir)",
+        run: loom,
+    },
+    Gate {
+        name: "bench-check",
+        about: "compile and run every benchmark once",
+        run: bench_check,
+    },
+    Gate {
+        name: "layers",
+        about: "fail on any upward dependency between kvbm crates",
+        run: layers,
+    },
+    Gate {
+        name: "msrv",
+        about: "the pinned toolchain is the one in use",
+        run: msrv,
+    },
+];
+
+/// Loom explores every interleaving up to this many preemptions; 2 keeps the
+/// models inside CI's budget while still finding the classic lost wake-ups.
+const LOOM_MAX_PREEMPTIONS: &str = "2";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let keep_going = args.iter().any(|a| a == "--keep-going");
+    let task = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map(String::as_str);
+
+    let sh = Shell::new()?;
+    sh.change_dir(project_root());
+    match task {
+        None | Some("help") => {
+            help();
+            Ok(())
+        }
+        Some("ci") => ci(&sh, keep_going),
+        Some("bench") => bench(&sh),
+        Some(name) => match GATES.iter().find(|gate| gate.name == name) {
+            Some(gate) => (gate.run)(&sh),
+            None => {
+                help();
+                bail!("unknown task `{name}`")
+            }
+        },
+    }
+}
+
+fn help() {
+    eprintln!("usage: cargo xtask <task> [--keep-going]\n\ntasks:");
+    eprintln!(
+        "  {:<12} every gate below, in order (--keep-going: report all failures)",
+        "ci"
+    );
+    for gate in GATES {
+        eprintln!("  {:<12} {}", gate.name, gate.about);
+    }
+    eprintln!(
+        "  {:<12} run the criterion benchmarks (not part of ci)",
+        "bench"
+    );
+}
+
+fn ci(sh: &Shell, keep_going: bool) -> Result<()> {
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for gate in GATES {
+        eprintln!("\n==> xtask {} ({})", gate.name, gate.about);
+        let gate_started = Instant::now();
+        match (gate.run)(sh) {
+            Ok(()) => eprintln!("<== {} ok in {:.0?}", gate.name, gate_started.elapsed()),
+            Err(err) if keep_going => {
+                eprintln!("<== {} FAILED: {err:#}", gate.name);
+                failed.push(gate.name);
+            }
+            Err(err) => return Err(err.context(format!("gate `{}` failed", gate.name))),
+        }
+    }
+    if !failed.is_empty() {
+        bail!("gates failed: {}", failed.join(", "));
+    }
+    eprintln!("\nall gates passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn cargo() -> String {
+    env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+fn fmt(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    cmd!(sh, "{cargo} fmt --all --check").run()?;
+    Ok(())
+}
+
+fn clippy(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    cmd!(
+        sh,
+        "{cargo} clippy --workspace --all-targets --all-features -- -D warnings"
+    )
+    .run()?;
+    Ok(())
+}
+
+fn doc(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    cmd!(
+        sh,
+        "{cargo} doc --workspace --exclude kvbm-benches --exclude xtask --no-deps"
+    )
+    .env("RUSTDOCFLAGS", "-D warnings")
+    .run()?;
+    Ok(())
+}
+
+fn test(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    // Default members only: the kvbm crates, never the benchmark peers.
+    cmd!(sh, "{cargo} test --all-features").run()?;
+    Ok(())
+}
+
+fn loom(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    let flags = "--cfg kvbm_loom -C debug-assertions";
+    // Its own target dir: the cfg changes every crate's build, and sharing
+    // the normal one would rebuild everything twice per ci run.
+    cmd!(
+        sh,
+        "{cargo} test --release --target-dir target/loom --test loom_*"
+    )
+    .env("RUSTFLAGS", flags)
+    .env("LOOM_MAX_PREEMPTIONS", LOOM_MAX_PREEMPTIONS)
+    .run()?;
+    Ok(())
+}
+
+fn bench_check(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    cmd!(sh, "{cargo} test --benches -p kvbm-benches").run()?;
+    Ok(())
+}
+
+fn bench(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    cmd!(sh, "{cargo} bench -p kvbm-benches").run()?;
+    Ok(())
+}
+
+fn layers(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    let metadata = cmd!(sh, "{cargo} metadata --format-version 1 --no-deps").read()?;
+    let edges = layers::internal_edges(&metadata)?;
+    let violations = layers::violations(&edges);
+    if !violations.is_empty() {
+        bail!("layering violated:\n  {}", violations.join("\n  "));
+    }
+    eprintln!("layers ok: {} internal edges, all downward", edges.len());
+    Ok(())
+}
+
+fn msrv(sh: &Shell) -> Result<()> {
+    let pinned = sh.read_file("rust-toolchain.toml")?;
+    let channel = pinned
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("channel = "))
+        .map(|v| v.trim_matches('"').to_owned())
+        .context("rust-toolchain.toml has no channel")?;
+    let manifest = sh.read_file("Cargo.toml")?;
+    let rust_version = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("rust-version = "))
+        .map(|v| v.trim_matches('"').to_owned())
+        .context("Cargo.toml has no workspace rust-version")?;
+    if channel != rust_version {
+        bail!("rust-toolchain.toml pins {channel} but rust-version is {rust_version}");
+    }
+    let rustc = cmd!(sh, "rustc --version").read()?;
+    if !rustc.starts_with(&format!("rustc {channel} ")) {
+        bail!("pinned {channel} but `rustc --version` is `{rustc}`");
+    }
+    eprintln!("toolchain ok: {rustc}");
+    Ok(())
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
