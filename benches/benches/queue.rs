@@ -1,0 +1,2 @@
+//! queue benchmarks, kvbm beside its peers (placeholder until written).
+fn main() {}

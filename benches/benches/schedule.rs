@@ -1,0 +1,2 @@
+//! schedule benchmarks, kvbm beside its peers (placeholder until written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! sequence benchmarks, kvbm beside its peers (placeholder until written).
+fn main() {}

@@ -1,0 +1,4 @@
+//! Tokens split into blocks with chained hashes; per-request block tracking.
+//!
+//! (Under construction.)
+#![forbid(unsafe_code)]
