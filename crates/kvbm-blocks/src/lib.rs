@@ -39,7 +39,7 @@
 //!     .map(|(block, hash)| block.stage(hash, 16))
 //!     .collect::<Result<Vec<_>, _>>()?;
 //! let request_one = manager.register_blocks(staged)?;
-//! drop(request_one); // finished: both blocks are cached, not freed
+//! drop(request_one); // finished: both blocks are cached (deepest first), not freed
 //! assert_eq!(manager.metrics().inactive_blocks, 2);
 //!
 //! // A second request with the same prefix finds both blocks.
@@ -47,9 +47,10 @@
 //! assert_eq!(hit.len(), 2);
 //! drop(hit);
 //!
-//! // Allocating the whole pool evicts the cached blocks, and says so.
+//! // Allocating the whole pool evicts the cached blocks, chain end first,
+//! // and says which.
 //! let all = manager.allocate_blocks_with_evictions(4)?;
-//! assert_eq!(all.evicted, [a, b]);
+//! assert_eq!(all.evicted, [b, a]);
 //! assert!(manager.match_blocks(&[a]).is_empty());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

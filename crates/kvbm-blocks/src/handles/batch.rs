@@ -132,22 +132,24 @@ impl<M> ImmutableBlocks<M> {
         Some(WeakBlock::new(self.shared.clone()?, info))
     }
 
-    /// Keeps the first `len` blocks and releases the rest under one lock;
-    /// released blocks with no other handle become cached.
+    /// Keeps the first `len` blocks and releases the rest under one lock,
+    /// last block first. Released blocks with no other handle become cached,
+    /// deepest first, so LRU eviction takes the ends of chains before the
+    /// prefixes they share (as vLLM frees a finished request).
     pub fn truncate(&mut self, len: usize) {
         if len >= self.blocks.len() {
             return;
         }
         if let Some(shared) = &self.shared {
             let mut pool = shared.lock();
-            for info in &self.blocks[len..] {
+            for info in self.blocks[len..].iter().rev() {
                 pool.release(info.block_id());
             }
         }
         self.blocks.truncate(len);
     }
 
-    /// Releases every block.
+    /// Releases every block, last first.
     pub fn clear(&mut self) {
         self.truncate(0);
     }
@@ -265,7 +267,7 @@ impl<M> Drop for IntoIter<M> {
             && self.blocks.len() > 0
         {
             let mut pool = shared.lock();
-            for info in self.blocks.by_ref() {
+            for info in self.blocks.by_ref().rev() {
                 pool.release(info.block_id());
             }
         }

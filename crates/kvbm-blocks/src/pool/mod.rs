@@ -418,3 +418,6 @@ impl PoolState {
         Ok(audit)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,93 @@
+//! The audit catches every kind of corruption it claims to (it is the oracle
+//! of the model and stress tests, so it must not pass a broken pool).
+
+use super::*;
+
+fn pool_with_registered_block() -> PoolState {
+    let mut pool = PoolState::new(4, EvictionPolicy::Lru, DuplicatePolicy::Deduplicate, false);
+    let ids = pool.allocate(2, &mut Vec::new()).unwrap();
+    pool.register(ids[0], SequenceHash::root(7));
+    pool.register(ids[1], SequenceHash::root(8));
+    pool.release(ids[1]); // cached
+    pool
+}
+
+fn violation(pool: &PoolState) -> String {
+    match pool.audit() {
+        Err(BlockError::InvariantViolated(msg)) => msg,
+        other => panic!("corruption not detected: {other:?}"),
+    }
+}
+
+#[test]
+fn a_consistent_pool_passes() {
+    let audit = pool_with_registered_block().audit().unwrap();
+    assert_eq!(
+        (
+            audit.free_blocks,
+            audit.active_blocks,
+            audit.inactive_blocks,
+            audit.registered_hashes
+        ),
+        (2, 1, 1, 2)
+    );
+}
+
+#[test]
+fn a_block_free_listed_twice_is_caught() {
+    let mut pool = pool_with_registered_block();
+    let id = pool.free[0];
+    pool.free.push(id);
+    assert!(violation(&pool).contains("on the free list twice"));
+}
+
+#[test]
+fn a_held_block_on_the_free_list_is_caught() {
+    let mut pool = pool_with_registered_block();
+    pool.free.push(BlockId::new(0));
+    assert!(violation(&pool).contains("free-listed"));
+}
+
+#[test]
+fn a_registered_block_missing_from_the_registry_is_caught() {
+    let mut pool = pool_with_registered_block();
+    pool.registry.remove(&7);
+    assert!(violation(&pool).contains("not in the registry"));
+}
+
+#[test]
+fn a_pinned_block_in_the_cache_is_caught() {
+    let mut pool = pool_with_registered_block();
+    pool.inactive.insert(BlockId::new(0), SequenceHash::root(7));
+    assert!(violation(&pool).contains("cached: true"));
+}
+
+#[test]
+fn an_unreferenced_duplicate_is_caught() {
+    let mut pool = pool_with_registered_block();
+    let slot = &mut pool.slots[2];
+    slot.state = SlotState::Duplicate;
+    pool.free.retain(|&id| id != BlockId::new(2));
+    assert!(violation(&pool).contains("duplicate"));
+}
+
+#[test]
+fn a_stray_registry_entry_is_caught() {
+    let mut pool = pool_with_registered_block();
+    pool.registry.insert(99, BlockId::new(3));
+    assert!(violation(&pool).contains("registry holds 3 hashes for 2"));
+}
+
+#[test]
+fn references_are_sticky_at_saturation_instead_of_wrapping() {
+    let mut pool = pool_with_registered_block();
+    pool.slots[0].refs = u32::MAX;
+    pool.add_ref(BlockId::new(0));
+    pool.release(BlockId::new(0));
+    assert_eq!(
+        pool.slots[0].refs,
+        u32::MAX,
+        "a saturated block stays pinned"
+    );
+    assert_eq!(pool.inactive.len(), 1);
+}

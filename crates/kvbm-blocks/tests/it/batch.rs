@@ -1,0 +1,103 @@
+//! `ImmutableBlocks`: one reference to the pool, many pinned blocks.
+
+use kvbm_blocks::{BlockId, ImmutableBlocks};
+
+use crate::{Gpu, audit, chain, manager, register};
+
+fn ids(batch: &ImmutableBlocks<Gpu>) -> Vec<u32> {
+    batch.block_ids().map(BlockId::get).collect()
+}
+
+#[test]
+fn truncate_releases_only_the_tail() {
+    let manager = manager(4);
+    let mut batch = register(&manager, &chain(1, 4));
+    batch.truncate(9);
+    assert_eq!(batch.len(), 4, "truncating past the end is a no-op");
+    batch.truncate(1);
+    assert_eq!(ids(&batch), [0]);
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (1, 3));
+    batch.clear();
+    assert!(batch.is_empty());
+    assert_eq!(audit(&manager).inactive_blocks, 4);
+}
+
+#[test]
+fn clone_pins_every_block_again_until_both_drop() {
+    let manager = manager(3);
+    let batch = register(&manager, &chain(1, 3));
+    let copy = batch.clone();
+    assert_eq!(ids(&copy), ids(&batch));
+    drop(batch);
+    assert_eq!(audit(&manager).active_blocks, 3);
+    drop(copy);
+    assert_eq!(audit(&manager).inactive_blocks, 3);
+}
+
+#[test]
+fn split_off_and_append_move_references_without_changing_counts() {
+    let manager = manager(4);
+    let mut head = register(&manager, &chain(1, 4));
+    let tail = head.split_off(3);
+    let beyond = head.split_off(10);
+    assert!(beyond.is_empty());
+    assert_eq!((ids(&head), ids(&tail)), (vec![0, 1, 2], vec![3]));
+    assert_eq!(audit(&manager).active_blocks, 4);
+    head.append(tail).unwrap();
+    assert_eq!(ids(&head), [0, 1, 2, 3]);
+    assert_eq!(audit(&manager).active_blocks, 4);
+    drop(head);
+    assert_eq!(audit(&manager).inactive_blocks, 4);
+}
+
+#[test]
+fn pop_push_and_get_trade_single_handles() {
+    let manager = manager(3);
+    let mut batch = register(&manager, &chain(1, 3));
+    let last = batch.pop().unwrap();
+    assert_eq!(last.block_id(), BlockId::new(2));
+    assert_eq!(audit(&manager).active_blocks, 3, "pop moves the reference");
+    let second = batch.get(1).unwrap();
+    assert!(batch.get(7).is_none());
+    drop(batch);
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (2, 1));
+    let mut rebuilt = ImmutableBlocks::new();
+    rebuilt.push(second).unwrap();
+    rebuilt.push(last).unwrap();
+    assert_eq!(ids(&rebuilt), [1, 2]);
+    drop(rebuilt);
+    assert_eq!(audit(&manager).inactive_blocks, 3);
+}
+
+#[test]
+fn into_iter_hands_out_single_handles_and_releases_the_rest() {
+    let manager = manager(4);
+    let batch = register(&manager, &chain(1, 4));
+    let mut iter = batch.into_iter();
+    assert_eq!(iter.len(), 4);
+    let first = iter.next().unwrap();
+    drop(iter);
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (1, 3));
+    drop(first);
+    let all: Vec<_> = manager.match_blocks(&chain(1, 4)).into_iter().collect();
+    assert_eq!(all.len(), 4);
+    drop(all);
+    assert_eq!(audit(&manager).inactive_blocks, 4);
+}
+
+#[test]
+fn batches_read_as_slices_of_block_info() {
+    let manager = manager(2);
+    let hashes = chain(7, 2);
+    let batch = register(&manager, &hashes);
+    let seen: Vec<_> = batch.iter().map(|info| info.sequence_hash()).collect();
+    assert_eq!(seen, hashes);
+    assert_eq!(
+        batch.first().map(|info| info.block_id()),
+        Some(BlockId::new(0))
+    );
+    assert!(format!("{batch:?}").contains("block_ids"));
+}
