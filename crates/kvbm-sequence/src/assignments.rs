@@ -1,0 +1,323 @@
+//! [`LogicalBlockAssignments`]: which block handle backs which block of one
+//! sequence, in the three lifecycle states a request's blocks go through.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use kvbm_blocks::{BlockId, BlockManager, CompleteBlock, ImmutableBlocks, MutableBlock};
+
+use crate::{BlockSequence, SequenceError};
+
+/// The block handles of one sequence, in page-table order:
+///
+/// ```text
+///  assigned (ImmutableBlocks)   staged (CompleteBlock)   unassigned (MutableBlock)
+///  blocks 0 .. a                blocks a .. a+s           a+s .. (no tokens bound yet)
+///  registered or prefix-matched full, not yet published  allocated ahead of tokens
+/// ```
+///
+/// **Invariant** (checked by [`is_consistent_with`](Self::is_consistent_with)):
+/// assigned block `i` holds the sequence's block `i` (same [`SequenceHash`]),
+/// staged block `j` holds block `a + j`, `a + s` never exceeds the full blocks
+/// of the sequence, and no block id appears twice. Every mutation here keeps
+/// it, given the sequence it is checked against.
+///
+/// Assigned blocks are kept as one [`ImmutableBlocks`] batch, so matching,
+/// registering and releasing a whole prefix takes the pool lock once.
+/// Dropping the assignments drops every handle: mutable and staged blocks go
+/// back to the free pool, registered ones to the cache.
+///
+/// ```
+/// use kvbm_blocks::BlockManager;
+/// use kvbm_sequence::{BlockSequence, LogicalBlockAssignments};
+/// # #[derive(Debug)] struct Gpu;
+///
+/// let manager = BlockManager::<Gpu>::builder().block_count(8).block_size(4).build()?;
+/// let seq = BlockSequence::new((0..10).collect(), 4)?; // 2 full blocks + 2 tokens
+/// let mut blocks = LogicalBlockAssignments::new();
+///
+/// blocks.extend_blocks(manager.allocate_blocks(3)?);
+/// assert_eq!(blocks.stage(&seq, usize::MAX)?, 2); // the tail block stays unassigned
+/// assert_eq!(blocks.register(&manager)?, 2);
+/// assert_eq!((blocks.assigned_count(), blocks.staged_count(), blocks.unassigned_count()), (2, 0, 1));
+/// assert!(blocks.is_consistent_with(&seq));
+/// assert_eq!(blocks.block_ids().count(), 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// [`SequenceHash`]: kvbm_blocks::SequenceHash
+pub struct LogicalBlockAssignments<M> {
+    assigned: ImmutableBlocks<M>,
+    staged: Vec<CompleteBlock<M>>,
+    /// Staged from the front (FIFO, in page order); released from the back
+    /// (LIFO, so the latest pre-allocation goes first).
+    unassigned: VecDeque<MutableBlock<M>>,
+}
+
+impl<M> LogicalBlockAssignments<M> {
+    /// No blocks.
+    pub fn new() -> Self {
+        Self {
+            assigned: ImmutableBlocks::new(),
+            staged: Vec::new(),
+            unassigned: VecDeque::new(),
+        }
+    }
+
+    /// Registered or prefix-matched blocks.
+    pub fn assigned_count(&self) -> usize {
+        self.assigned.len()
+    }
+
+    /// Full blocks bound to their hash but not yet registered.
+    pub fn staged_count(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Allocated blocks not yet bound to a full block.
+    pub fn unassigned_count(&self) -> usize {
+        self.unassigned.len()
+    }
+
+    /// Every block held, in all three states.
+    pub fn len(&self) -> usize {
+        self.assigned.len() + self.staged.len() + self.unassigned.len()
+    }
+
+    /// Whether no block is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The assigned blocks, in order (a slice of
+    /// [`BlockInfo`](kvbm_blocks::BlockInfo) through `Deref`).
+    pub fn assigned(&self) -> &ImmutableBlocks<M> {
+        &self.assigned
+    }
+
+    /// The staged blocks, in order.
+    pub fn staged(&self) -> &[CompleteBlock<M>] {
+        &self.staged
+    }
+
+    /// The unassigned blocks, in the order they will be staged.
+    pub fn unassigned(&self) -> impl ExactSizeIterator<Item = &MutableBlock<M>> + '_ {
+        self.unassigned.iter()
+    }
+
+    /// Every block id in page-table order: assigned, staged, unassigned.
+    pub fn block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.assigned
+            .block_ids()
+            .chain(self.staged.iter().map(CompleteBlock::block_id))
+            .chain(self.unassigned.iter().map(MutableBlock::block_id))
+    }
+
+    /// Whether `id` is held in any state (a linear scan).
+    pub fn contains(&self, id: BlockId) -> bool {
+        self.block_ids().any(|held| held == id)
+    }
+
+    /// Adds freshly allocated blocks to the back of the unassigned queue.
+    ///
+    /// Mutable blocks are uniquely owned, so they cannot already be here
+    /// (blocks of *another* manager are refused later, when registering).
+    pub fn extend_blocks(&mut self, blocks: impl IntoIterator<Item = MutableBlock<M>>) {
+        self.unassigned.extend(blocks);
+    }
+
+    /// Appends prefix-matched blocks to the assigned prefix, after checking
+    /// that they hold exactly the sequence's next full blocks. Returns how many
+    /// were added.
+    ///
+    /// # Errors
+    ///
+    /// The blocks are dropped (still cached) and nothing changes when:
+    /// [`SequenceError::StagedBlocksPending`] if staged blocks occupy the
+    /// next positions; [`SequenceError::MatchedBeyondSequence`] if there are
+    /// more blocks than remaining full blocks;
+    /// [`SequenceError::MatchedHashMismatch`] at the first block that holds
+    /// something else; [`SequenceError::ForeignManager`] if they come from
+    /// another manager than the assigned blocks.
+    pub fn extend_assigned(
+        &mut self,
+        blocks: ImmutableBlocks<M>,
+        sequence: &BlockSequence,
+    ) -> Result<usize, SequenceError> {
+        if blocks.is_empty() {
+            return Ok(0);
+        }
+        if !self.staged.is_empty() {
+            return Err(SequenceError::StagedBlocksPending {
+                staged: self.staged.len(),
+            });
+        }
+        let start = self.assigned.len();
+        let expected = sequence
+            .sequence_hashes()
+            .get(start..start + blocks.len())
+            .ok_or(SequenceError::MatchedBeyondSequence {
+                position: start,
+                matched: blocks.len(),
+                full_blocks: sequence.num_blocks(),
+            })?;
+        for (offset, (block, &expected)) in blocks.iter().zip(expected).enumerate() {
+            let actual = block.sequence_hash();
+            if actual != expected {
+                return Err(SequenceError::MatchedHashMismatch {
+                    position: start + offset,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        let count = blocks.len();
+        self.assigned
+            .append(blocks)
+            .map_err(|_| SequenceError::ForeignManager)?;
+        Ok(count)
+    }
+
+    /// Binds unassigned blocks, front first, to the sequence's next full
+    /// blocks that have none, stopping before block index `up_to` (pass
+    /// `usize::MAX` for all). Returns how many were staged: fewer than asked
+    /// when unassigned blocks run out.
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::Block`] (`TokenCountMismatch`) if a block's size is
+    /// not the sequence's; that block goes back to the front of the queue and
+    /// the blocks staged before it stay staged.
+    pub fn stage(
+        &mut self,
+        sequence: &BlockSequence,
+        up_to: usize,
+    ) -> Result<usize, SequenceError> {
+        let start = self.assigned.len() + self.staged.len();
+        let end = up_to
+            .min(sequence.num_blocks())
+            .min(start + self.unassigned.len());
+        let hashes = sequence
+            .sequence_hashes()
+            .get(start..end)
+            .unwrap_or_default();
+        self.staged.reserve(hashes.len());
+        for &hash in hashes {
+            let Some(block) = self.unassigned.pop_front() else {
+                break; // unreachable: `end` is bounded by the unassigned count
+            };
+            match block.stage(hash, sequence.block_size()) {
+                Ok(complete) => self.staged.push(complete),
+                Err(rejected) => {
+                    let (error, block) = rejected.into_parts();
+                    self.unassigned.push_front(block);
+                    return Err(error.into());
+                }
+            }
+        }
+        Ok(hashes.len())
+    }
+
+    /// Registers every staged block with `manager` (one lock) and appends the
+    /// results to the assigned prefix. Returns how many were registered.
+    ///
+    /// Under deduplication a block whose hash is already registered comes back
+    /// as the existing block (another id, same content).
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::Block`] (`ForeignManager`) with the blocks still
+    /// staged if they come from another manager;
+    /// [`SequenceError::ForeignManager`] if the assigned blocks come from
+    /// another manager than `manager` (the new registrations are then
+    /// dropped into `manager`'s cache).
+    pub fn register(&mut self, manager: &BlockManager<M>) -> Result<usize, SequenceError> {
+        if self.staged.is_empty() {
+            return Ok(0);
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let registered = match manager.register_blocks(staged) {
+            Ok(registered) => registered,
+            Err(rejected) => {
+                let (error, staged) = rejected.into_parts();
+                self.staged = staged;
+                return Err(error.into());
+            }
+        };
+        let count = registered.len();
+        self.assigned
+            .append(registered)
+            .map_err(|_| SequenceError::ForeignManager)?;
+        Ok(count)
+    }
+
+    /// Removes the most recently added unassigned block (LIFO), for the
+    /// caller to drop (back to the free pool) or keep.
+    pub fn pop_unassigned(&mut self) -> Option<MutableBlock<M>> {
+        self.unassigned.pop_back()
+    }
+
+    /// Shrinks to a sequence of `num_blocks` full blocks: assigned blocks
+    /// past it are released (registered, so they stay cached) and staged
+    /// blocks past it are reset and returned to the front of the unassigned
+    /// queue, in order, still ours.
+    pub fn truncate(&mut self, num_blocks: usize) {
+        let keep_assigned = num_blocks.min(self.assigned.len());
+        let keep_staged = (num_blocks - keep_assigned).min(self.staged.len());
+        // A released assigned block would leave a hole below the staged
+        // ones, so staged blocks past `keep_staged` all step back.
+        for block in self.staged.drain(keep_staged..).rev() {
+            self.unassigned.push_front(block.reset());
+        }
+        self.assigned.truncate(keep_assigned);
+    }
+
+    /// Drops every handle: unassigned and staged blocks are freed, assigned
+    /// ones released (cached if no one else holds them).
+    pub fn clear(&mut self) {
+        self.unassigned.clear();
+        self.staged.clear();
+        self.assigned.clear();
+    }
+
+    /// Checks the invariant against `sequence`: assigned then staged blocks
+    /// hold its first full blocks in order, and no block id repeats.
+    pub fn is_consistent_with(&self, sequence: &BlockSequence) -> bool {
+        let hashes = sequence.sequence_hashes();
+        let bound = self
+            .assigned
+            .iter()
+            .map(|info| info.sequence_hash())
+            .chain(self.staged.iter().map(CompleteBlock::sequence_hash));
+        let mut positions = 0;
+        for (position, hash) in bound.enumerate() {
+            if hashes.get(position) != Some(&hash) {
+                return false;
+            }
+            positions += 1;
+        }
+        let mut ids: Vec<BlockId> = self.block_ids().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        positions <= hashes.len() && ids.len() == self.len()
+    }
+}
+
+impl<M> Default for LogicalBlockAssignments<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M> fmt::Debug for LogicalBlockAssignments<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogicalBlockAssignments")
+            .field("assigned", &self.assigned.len())
+            .field("staged", &self.staged.len())
+            .field("unassigned", &self.unassigned.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

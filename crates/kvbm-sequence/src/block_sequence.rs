@@ -1,0 +1,223 @@
+//! [`BlockSequence`]: a request's tokens cut into blocks, each full block
+//! named by a [`SequenceHash`] chained from its parent's.
+
+use std::fmt;
+use std::ops::Range;
+
+use kvbm_blocks::SequenceHash;
+
+use crate::{Salt, SequenceError, block_hash, chain_hash};
+
+/// The tokens of one request, split into full blocks of `block_size` tokens
+/// plus a partial tail, with one [`SequenceHash`] per full block.
+///
+/// Block `i`'s hash chains [`block_hash`] of its tokens onto block `i - 1`'s
+/// (block 0 chains onto the [`Salt`]), so two sequences share the hash of
+/// block `i` exactly when they share the salt and every token up to the end of
+/// block `i`. That makes the hash the prefix-cache key. Its position is the
+/// block index and its parent the previous block's value.
+///
+/// Appending reports when a block completes; [`truncate`](Self::truncate)
+/// rolls back to any earlier length (speculative decoding) in O(removed
+/// blocks), without rehashing anything that stays.
+///
+/// ```
+/// use kvbm_sequence::BlockSequence;
+///
+/// let mut seq = BlockSequence::new((0..10).collect(), 4)?;
+/// assert_eq!((seq.num_blocks(), seq.partial_tokens()), (2, &[8, 9][..]));
+///
+/// assert_eq!(seq.append(10), None);
+/// assert_eq!(seq.append(11), Some(2)); // block 2 just filled up
+/// let third = seq.sequence_hashes()[2];
+/// assert_eq!(third.position(), 2);
+/// assert_eq!(third.parent(), Some(seq.sequence_hashes()[1].value()));
+///
+/// seq.truncate(9)?; // speculative tokens rejected
+/// assert_eq!((seq.total_tokens(), seq.num_blocks()), (9, 2));
+/// assert_eq!(seq.extend(&[9, 10, 11]), 2..3); // same tokens, same hash
+/// assert_eq!(seq.sequence_hashes()[2], third);
+/// # Ok::<(), kvbm_sequence::SequenceError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct BlockSequence {
+    tokens: Vec<u32>,
+    /// One per full block; `hashes.len() == tokens.len() / block_size`.
+    hashes: Vec<SequenceHash>,
+    block_size: usize,
+    salt: Salt,
+}
+
+impl BlockSequence {
+    /// Splits `tokens` into blocks of `block_size` and hashes the full ones,
+    /// without a salt.
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
+    pub fn new(tokens: Vec<u32>, block_size: usize) -> Result<Self, SequenceError> {
+        Self::with_salt(tokens, block_size, Salt::NONE)
+    }
+
+    /// Like [`new`](Self::new), with every hash rooted in `salt`.
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
+    pub fn with_salt(
+        tokens: Vec<u32>,
+        block_size: usize,
+        salt: Salt,
+    ) -> Result<Self, SequenceError> {
+        if block_size == 0 {
+            return Err(SequenceError::ZeroBlockSize);
+        }
+        let mut sequence = Self {
+            hashes: Vec::with_capacity(tokens.len() / block_size),
+            tokens,
+            block_size,
+            salt,
+        };
+        sequence.hash_new_blocks();
+        Ok(sequence)
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The salt every hash is rooted in.
+    pub fn salt(&self) -> Salt {
+        self.salt
+    }
+
+    /// Every token, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Number of tokens, full blocks and partial tail together.
+    pub fn total_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the sequence has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Number of full blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// The hashes of the full blocks, in order: what
+    /// [`BlockManager::match_blocks`](kvbm_blocks::BlockManager::match_blocks) takes.
+    pub fn sequence_hashes(&self) -> &[SequenceHash] {
+        &self.hashes
+    }
+
+    /// The tokens of full block `index`, if there is such a block.
+    pub fn block_tokens(&self, index: usize) -> Option<&[u32]> {
+        if index >= self.hashes.len() {
+            return None;
+        }
+        let start = index * self.block_size;
+        self.tokens.get(start..start + self.block_size)
+    }
+
+    /// The tokens after the last full block (fewer than `block_size`).
+    pub fn partial_tokens(&self) -> &[u32] {
+        let full = self.hashes.len() * self.block_size;
+        self.tokens.get(full..).unwrap_or_default()
+    }
+
+    /// Appends one token; returns the index of the block it completed, if any.
+    pub fn append(&mut self, token: u32) -> Option<usize> {
+        self.tokens.push(token);
+        let index = self.hashes.len();
+        let start = index * self.block_size;
+        if self.tokens.len() - start < self.block_size {
+            return None;
+        }
+        let hash = self.next_hash(&self.tokens[start..]);
+        self.hashes.push(hash);
+        Some(index)
+    }
+
+    /// Appends tokens; returns the indices of the blocks they completed
+    /// (empty when none did).
+    pub fn extend(&mut self, tokens: &[u32]) -> Range<usize> {
+        let first = self.hashes.len();
+        self.tokens.extend_from_slice(tokens);
+        self.hash_new_blocks();
+        first..self.hashes.len()
+    }
+
+    /// Keeps the first `len` tokens. Blocks that stay full keep their hashes;
+    /// nothing is rehashed.
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::TruncateOutOfRange`] if `len` exceeds the current
+    /// length (the sequence is unchanged).
+    pub fn truncate(&mut self, len: usize) -> Result<(), SequenceError> {
+        if len > self.tokens.len() {
+            return Err(SequenceError::TruncateOutOfRange {
+                len,
+                min: 0,
+                max: self.tokens.len(),
+            });
+        }
+        self.tokens.truncate(len);
+        self.hashes.truncate(len / self.block_size);
+        Ok(())
+    }
+
+    /// Hashes every full block past the last hashed one.
+    fn hash_new_blocks(&mut self) {
+        let hashed = self.hashes.len();
+        let full = self.tokens.len() / self.block_size;
+        if full <= hashed {
+            return;
+        }
+        self.hashes.reserve(full - hashed);
+        let pending = &self.tokens[hashed * self.block_size..full * self.block_size];
+        let mut previous = self.hashes.last().copied();
+        for block in pending.chunks_exact(self.block_size) {
+            let hash = chain(previous, self.salt, block);
+            self.hashes.push(hash);
+            previous = Some(hash);
+        }
+    }
+
+    /// The hash of the block after the last hashed one, holding `tokens`.
+    fn next_hash(&self, tokens: &[u32]) -> SequenceHash {
+        chain(self.hashes.last().copied(), self.salt, tokens)
+    }
+}
+
+/// The hash of a block holding `tokens` after `previous` (or first, under `salt`).
+fn chain(previous: Option<SequenceHash>, salt: Salt, tokens: &[u32]) -> SequenceHash {
+    let content = block_hash(tokens);
+    match previous {
+        Some(parent) => parent.child(chain_hash(parent.value(), content)),
+        None => SequenceHash::root(chain_hash(salt.get(), content)),
+    }
+}
+
+impl fmt::Debug for BlockSequence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockSequence")
+            .field("total_tokens", &self.tokens.len())
+            .field("num_blocks", &self.hashes.len())
+            .field("block_size", &self.block_size)
+            .field("salt", &self.salt)
+            .field("last_hash", &self.hashes.last())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;
