@@ -1,4 +1,122 @@
-//! A thread-safe priority request queue and continuous-batching admission.
+//! The request queue: the top layer of kvbm, and its API boundary.
 //!
-//! (Under construction.)
+//! Below it, `kvbm-blocks` owns KV blocks, `kvbm-sequence` maps tokens to
+//! blocks and `kvbm-schedule` decides what runs each step. This crate holds
+//! the requests that are *waiting*: a thread-safe [`RequestQueue`] that front
+//! ends feed from any thread and a continuous-batching scheduler drains.
+//!
+//! - **Order.** [`Priority`] `Low < Normal < High < Critical`, higher served
+//!   first; FIFO within one priority by a `u64` arrival number (optionally
+//!   [`Aging::Window`], so low priorities cannot starve).
+//! - **Exactly once.** Every request that enters leaves exactly one way:
+//!   dequeued, selected, removed, cancelled or cleared. Removal is real (the
+//!   request is out and returned at once), `len`/`contains` are exact, and a
+//!   duplicate id or a closed queue hands the request back ([`Rejected`]).
+//! - **Waiting.** [`dequeue`](RequestQueue::dequeue) blocks,
+//!   [`dequeue_timeout`](RequestQueue::dequeue_timeout) gives up,
+//!   [`try_dequeue`](RequestQueue::try_dequeue) never waits, and
+//!   [`dequeue_cancellable`](RequestQueue::dequeue_cancellable) stops when its
+//!   [`WaitToken`] is cancelled. [`close`](RequestQueue::close) wakes every
+//!   waiter; what is left can still be drained. Empty, timed out, closed and
+//!   cancelled are distinct [`QueueError`]s.
+//! - **Cancellation.** [`enqueue`](RequestQueue::enqueue) returns a
+//!   [`CancelHandle`] that any thread can use; it removes the request at once
+//!   and registers nothing, so nothing leaks.
+//! - **Admission.** [`select_batch`](RequestQueue::select_batch) takes, in
+//!   service order, the requests whose KV cost fits a block budget. A cost is
+//!   `ceil((prompt + generation reserve) / block_tokens)` blocks; budgets in
+//!   bytes go through a model [`KvLayout`]. A request larger than the whole
+//!   pool is refused at enqueue. When the next request does not fit, the
+//!   [`Selection`] policy decides: stop (head of line, the default) or skip
+//!   ahead with a bound on how often a request can be passed over. A selected
+//!   request whose real allocation fails goes back to its original place with
+//!   [`restore`](RequestQueue::restore).
+//!
+//! No request code runs and no request is dropped while the queue's lock is
+//! held; operations emit `tracing` events (`debug` level) after unlocking.
+//!
+//! # Example
+//!
+//! ```
+//! use std::thread;
+//! use kvbm_queue::{Priority, QueueConfig, QueueError, Request, RequestQueue};
+//!
+//! #[derive(Debug)]
+//! struct Prompt { id: u64, priority: Priority, tokens: u32, max_new: u32 }
+//!
+//! impl Request for Prompt {
+//!     type Id = u64;
+//!     fn id(&self) -> u64 { self.id }
+//!     fn priority(&self) -> Priority { self.priority }
+//!     fn prompt_tokens(&self) -> u32 { self.tokens }
+//!     fn max_new_tokens(&self) -> u32 { self.max_new }
+//! }
+//!
+//! // 16-token blocks, 64 blocks in the pool; the default reserve is
+//! // min(max_new_tokens, 256) generated tokens.
+//! let queue = RequestQueue::new(QueueConfig::new(16, 64))?;
+//! let prompt = |id, priority, tokens| Prompt { id, priority, tokens, max_new: 16 };
+//!
+//! queue.enqueue(prompt(1, Priority::Normal, 200))?; // 216 tokens: 14 blocks
+//! queue.enqueue(prompt(2, Priority::Critical, 100))?; // 8 blocks
+//! let doomed = queue.enqueue(prompt(3, Priority::Normal, 50))?;
+//! queue.enqueue(prompt(4, Priority::Low, 10))?;
+//! // Too big for the whole pool: refused now, not stuck at the head forever.
+//! let too_big = queue.enqueue(prompt(5, Priority::High, 5000)).unwrap_err();
+//! assert!(matches!(too_big.error(), QueueError::TooLarge { needed: 314, pool: 64 }));
+//!
+//! // A client disconnects: any thread can cancel its request.
+//! thread::spawn(move || doomed.cancel()).join().unwrap();
+//! assert_eq!(queue.len(), 3);
+//!
+//! // The scheduler admits what fits its 25 free blocks, most urgent first.
+//! let batch = queue.select_batch(8, 25);
+//! let ids: Vec<u64> = batch.iter().map(|a| a.id()).collect();
+//! assert_eq!(ids, [2, 1, 4]); // 8 + 14 + 2 blocks
+//! assert_eq!(batch.blocks(), 24);
+//!
+//! // Request 4's allocation fails after all: it goes back where it was.
+//! let mut batch = batch;
+//! for admitted in batch.split_off(2) {
+//!     queue.restore(admitted)?;
+//! }
+//!
+//! // A consumer on another thread; closing wakes it once the queue is drained.
+//! let consumer = {
+//!     let queue = queue.clone();
+//!     thread::spawn(move || {
+//!         let mut served = Vec::new();
+//!         while let Ok(prompt) = queue.dequeue() {
+//!             served.push(prompt.id);
+//!         }
+//!         served
+//!     })
+//! };
+//! queue.close();
+//! assert_eq!(consumer.join().unwrap(), [4]);
+//! assert_eq!(queue.try_dequeue().unwrap_err(), QueueError::Closed);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+mod batch;
+mod config;
+mod error;
+mod handles;
+mod layout;
+mod pending;
+mod queue;
+mod request;
+mod shared;
+mod stats;
+mod sync;
+
+pub use batch::{Admitted, Batch};
+pub use config::{Aging, GenerationReserve, QueueConfig, Selection};
+pub use error::{QueueError, Rejected};
+pub use handles::{CancelHandle, WaitToken};
+pub use layout::KvLayout;
+pub use queue::RequestQueue;
+pub use request::{Priority, Request};
+pub use stats::QueueStats;

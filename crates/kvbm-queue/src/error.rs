@@ -1,0 +1,141 @@
+//! [`QueueError`], the one error type of this crate, and [`Rejected`], which
+//! hands a refused request back to the caller.
+
+use std::fmt;
+
+/// Everything that can go wrong in `kvbm-queue`.
+///
+/// The four ways a dequeue can come back empty-handed are distinct variants:
+/// [`Empty`](Self::Empty) (nothing queued right now), [`Timeout`](Self::Timeout)
+/// (nothing arrived in time), [`Closed`](Self::Closed) (closed and drained)
+/// and [`Cancelled`](Self::Cancelled) (the consumer's [`WaitToken`](crate::WaitToken)
+/// was cancelled). Operations that consume a request wrap this in a
+/// [`Rejected`] so the request comes back instead of being lost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// A request with the same id is already queued.
+    #[error("a request with this id is already queued")]
+    Duplicate,
+    /// The queue was closed: it takes no new requests, and a dequeue that
+    /// finds it closed *and* drained reports this.
+    #[error("the queue is closed")]
+    Closed,
+    /// The request needs more KV blocks than the whole pool has, so it could
+    /// never be admitted; accepting it would stall a head-of-line queue forever.
+    #[error("the request needs {needed} KV blocks but the pool has {pool}")]
+    TooLarge {
+        /// Blocks the request would need (prompt plus generation reserve).
+        needed: u64,
+        /// Blocks in the whole pool.
+        pool: u64,
+    },
+    /// `try_dequeue` found nothing queued (and the queue open).
+    #[error("the queue is empty")]
+    Empty,
+    /// A timed dequeue saw no request before its deadline.
+    #[error("timed out waiting for a request")]
+    Timeout,
+    /// The consumer's wait token was cancelled.
+    #[error("the wait was cancelled")]
+    Cancelled,
+    /// An [`Admitted`](crate::Admitted) was handed to a queue other than the
+    /// one that selected it.
+    #[error("the request was selected from a different queue")]
+    ForeignQueue,
+    /// A byte budget was given to a queue configured without a [`KvLayout`](crate::KvLayout).
+    #[error("a byte budget needs a KV layout in the queue configuration")]
+    NoKvLayout,
+    /// A configuration or layout value that must be positive was zero.
+    #[error("{field} must be at least 1")]
+    Zero {
+        /// The offending field.
+        field: &'static str,
+    },
+    /// Tensor parallelism cannot split the KV heads evenly.
+    #[error("{kv_heads} KV heads cannot be split across tensor-parallel size {tp_size}")]
+    TensorParallel {
+        /// KV heads of the model.
+        kv_heads: u32,
+        /// Tensor-parallel ranks.
+        tp_size: u32,
+    },
+    /// Bytes per token or per block does not fit in a `u64`.
+    #[error("the KV layout's size per {what} overflows u64")]
+    LayoutOverflow {
+        /// `"token"` or `"block"`.
+        what: &'static str,
+    },
+}
+
+/// An operation refused a request it would have taken; the request is inside.
+///
+/// Like tokio's `TrySendError`, this gives ownership back, so the caller can
+/// answer the client, fix the input or retry.
+///
+/// ```
+/// use kvbm_queue::{QueueConfig, QueueError, Request, RequestQueue};
+///
+/// #[derive(Debug, PartialEq)]
+/// struct Req(u64);
+/// impl Request for Req {
+///     type Id = u64;
+///     fn id(&self) -> u64 { self.0 }
+///     fn prompt_tokens(&self) -> u32 { 16 }
+///     fn max_new_tokens(&self) -> u32 { 0 }
+/// }
+///
+/// let queue = RequestQueue::new(QueueConfig::new(16, 8))?;
+/// queue.enqueue(Req(1))?;
+/// let rejected = queue.enqueue(Req(1)).unwrap_err();
+/// assert_eq!(rejected.error(), &QueueError::Duplicate);
+/// assert_eq!(rejected.into_inner(), Req(1)); // ours again
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Rejected<R> {
+    error: QueueError,
+    request: R,
+}
+
+impl<R> Rejected<R> {
+    pub(crate) fn new(error: QueueError, request: R) -> Self {
+        Self { error, request }
+    }
+
+    /// Why the request was refused.
+    pub fn error(&self) -> &QueueError {
+        &self.error
+    }
+
+    /// Takes the refused request back.
+    pub fn into_inner(self) -> R {
+        self.request
+    }
+
+    /// Splits into the reason and the refused request.
+    pub fn into_parts(self) -> (QueueError, R) {
+        (self.error, self.request)
+    }
+}
+
+impl<R> fmt::Debug for Rejected<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R> fmt::Display for Rejected<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<R> std::error::Error for Rejected<R> {}
+
+impl<R> From<Rejected<R>> for QueueError {
+    fn from(rejected: Rejected<R>) -> Self {
+        rejected.error
+    }
+}

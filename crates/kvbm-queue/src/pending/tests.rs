@@ -1,0 +1,201 @@
+//! `Pending` against a sorted `Vec`, with the structure recounted after every
+//! operation (links both ways, lists sorted, index and free list exact).
+
+use proptest::prelude::*;
+
+use super::{Entry, Pending};
+use crate::{Aging, Priority, Request};
+
+#[derive(Debug)]
+struct T(u8);
+
+impl Request for T {
+    type Id = u8;
+    fn id(&self) -> u8 {
+        self.0
+    }
+    fn prompt_tokens(&self) -> u32 {
+        0
+    }
+    fn max_new_tokens(&self) -> u32 {
+        0
+    }
+}
+
+fn entry(id: u8, priority: Priority, seq: u64, aging: Aging) -> Entry<T> {
+    Entry {
+        request: T(id),
+        id,
+        priority,
+        seq,
+        rank: aging.rank(priority, seq),
+        blocks: 0,
+        bypassed: 0,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u8, usize),
+    /// Re-insert the `n`-th most recently taken entry at its old seq.
+    Reinsert(usize),
+    Pop,
+    Remove(u8),
+    RemoveInstance(u8, u64),
+    TakeNth(usize),
+    Drain,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..8u8, 0..4usize).prop_map(|(id, p)| Op::Insert(id, p)),
+        2 => (0..4usize).prop_map(Op::Reinsert),
+        2 => Just(Op::Pop),
+        1 => (0..8u8).prop_map(Op::Remove),
+        1 => (0..8u8, 0..40u64).prop_map(|(id, seq)| Op::RemoveInstance(id, seq)),
+        2 => (0..8usize).prop_map(Op::TakeNth),
+        1 => Just(Op::Drain),
+    ]
+}
+
+/// (id, priority, seq) in service order.
+type Model = Vec<(u8, Priority, u64)>;
+
+fn sort(model: &mut Model, aging: Aging) {
+    model.sort_by_key(|&(_, p, seq)| (aging.rank(p, seq), seq));
+}
+
+fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {
+    let mut pending = Pending::<T>::new();
+    let mut model: Model = Vec::new();
+    let mut taken: Vec<(u8, Priority, u64)> = Vec::new();
+    let mut next_seq = 0;
+    for op in ops {
+        match op {
+            Op::Insert(id, p) => {
+                let priority = Priority::ALL[p];
+                let dup = model.iter().any(|m| m.0 == id);
+                let result = pending.insert(entry(id, priority, next_seq, aging));
+                prop_assert_eq!(result.is_err(), dup);
+                if !dup {
+                    model.push((id, priority, next_seq));
+                }
+                next_seq += 1;
+            }
+            Op::Reinsert(n) => {
+                if n < taken.len() {
+                    let (id, priority, seq) = taken.remove(taken.len() - 1 - n);
+                    let dup = model.iter().any(|m| m.0 == id);
+                    let result = pending.insert(entry(id, priority, seq, aging));
+                    prop_assert_eq!(result.is_err(), dup);
+                    if !dup {
+                        model.push((id, priority, seq));
+                    }
+                }
+            }
+            Op::Pop => {
+                let got = pending.pop_front().map(|e| (e.id, e.priority, e.seq));
+                let want = (!model.is_empty()).then(|| model.remove(0));
+                prop_assert_eq!(got, want);
+                taken.extend(got);
+            }
+            Op::Remove(id) => {
+                let got = pending.remove(id).map(|e| (e.id, e.priority, e.seq));
+                let want = model
+                    .iter()
+                    .position(|m| m.0 == id)
+                    .map(|i| model.remove(i));
+                prop_assert_eq!(got, want);
+                taken.extend(got);
+            }
+            Op::RemoveInstance(id, seq) => {
+                let got = pending
+                    .remove_instance(id, seq)
+                    .map(|e| (e.id, e.priority, e.seq));
+                let want = model
+                    .iter()
+                    .position(|m| m.0 == id && m.2 == seq)
+                    .map(|i| model.remove(i));
+                prop_assert_eq!(got, want);
+            }
+            Op::TakeNth(n) => {
+                let mut cursor = pending.cursor();
+                let mut slot = None;
+                for _ in 0..=n {
+                    slot = pending.next_in_order(&mut cursor);
+                }
+                let got = slot.map(|s| {
+                    let e = pending.take(s);
+                    (e.id, e.priority, e.seq)
+                });
+                let want = (n < model.len()).then(|| model.remove(n));
+                prop_assert_eq!(got, want);
+                taken.extend(got);
+            }
+            Op::Drain => {
+                let got: Model = pending
+                    .drain()
+                    .into_iter()
+                    .map(|e| (e.id, e.priority, e.seq))
+                    .collect();
+                prop_assert_eq!(&got, &model);
+                taken.extend(got);
+                model.clear();
+            }
+        }
+        sort(&mut model, aging);
+        pending.check_invariants().map_err(TestCaseError::fail)?;
+        prop_assert_eq!(pending.len(), model.len());
+        let snapshot: Vec<(u8, u64)> = model.iter().map(|m| (m.0, m.2)).collect();
+        prop_assert_eq!(pending.snapshot(), snapshot);
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn pending_matches_sorted_vec_strict(ops in prop::collection::vec(op(), 0..60)) {
+        run(ops, Aging::Strict)?;
+    }
+
+    #[test]
+    fn pending_matches_sorted_vec_aging(ops in prop::collection::vec(op(), 0..60), w in 0..4u64) {
+        run(ops, Aging::Window(w))?;
+    }
+}
+
+#[test]
+fn reinsert_goes_before_later_arrivals_of_its_priority() {
+    let mut pending = Pending::<T>::new();
+    for (id, seq) in [(1, 0), (2, 1), (3, 2)] {
+        assert!(
+            pending
+                .insert(entry(id, Priority::Normal, seq, Aging::Strict))
+                .is_ok()
+        );
+    }
+    let first = pending.pop_front().map(|e| e.id);
+    assert_eq!(first, Some(1));
+    assert!(
+        pending
+            .insert(entry(1, Priority::Normal, 0, Aging::Strict))
+            .is_ok()
+    );
+    assert_eq!(pending.snapshot(), [(1, 0), (2, 1), (3, 2)]);
+    assert_eq!(pending.check_invariants(), Ok(()));
+}
+
+#[test]
+fn freed_slots_are_reused() {
+    let mut pending = Pending::<T>::new();
+    for seq in 0..100 {
+        assert!(
+            pending
+                .insert(entry(1, Priority::High, seq, Aging::Strict))
+                .is_ok()
+        );
+        assert!(pending.remove(1).is_some());
+    }
+    assert_eq!(pending.slots.len(), 1);
+    assert_eq!(pending.check_invariants(), Ok(()));
+}

@@ -1,0 +1,85 @@
+//! The private core every handle points at: one mutex over the queued
+//! requests and one condition variable for consumers waiting on them.
+//!
+//! Lock rules (the loom models in `tests/loom_queue.rs` check them):
+//!
+//! 1. Every public operation locks once, so every operation is linearizable.
+//! 2. No request code runs under the lock: `Request` methods are called before
+//!    locking, and no request is dropped under it (requests only move in and
+//!    out; whatever is removed is returned to the caller). Only the id's
+//!    `Hash`/`Eq` runs inside.
+//! 3. There is no counter beside the data: a consumer sleeps only while the
+//!    queue is empty and open, and that predicate is read from the queue
+//!    itself (the C# spec's semaphore drifted from the real count).
+//! 4. Producers notify only when a consumer is waiting (`waiters`), after
+//!    unlocking. A waiter that leaves without taking a request while requests
+//!    remain passes its wake-up on, since it may have absorbed the one meant
+//!    for them.
+//! 5. `tracing` events are emitted after unlocking.
+
+use crate::pending::Pending;
+use crate::sync::{Clock, Condvar, Mutex, MutexGuard, lock};
+use crate::{QueueConfig, QueueStats, Request};
+
+pub(crate) struct Inner<R: Request> {
+    pub(crate) pending: Pending<R>,
+    pub(crate) next_seq: u64,
+    pub(crate) closed: bool,
+    /// Consumers blocked on `not_empty` right now.
+    pub(crate) waiters: usize,
+    pub(crate) clock: Clock,
+    pub(crate) stats: QueueStats,
+}
+
+impl<R: Request> Inner<R> {
+    pub(crate) fn stats(&self) -> QueueStats {
+        QueueStats {
+            len: self.pending.len(),
+            closed: self.closed,
+            ..self.stats
+        }
+    }
+}
+
+pub(crate) struct Shared<R: Request> {
+    pub(crate) inner: Mutex<Inner<R>>,
+    pub(crate) not_empty: Condvar,
+    pub(crate) config: QueueConfig,
+    /// KV bytes per block, when the config has a layout.
+    pub(crate) bytes_per_block: Option<u64>,
+    /// Tells this queue's handles and selections from another queue's.
+    pub(crate) queue_id: u64,
+}
+
+impl<R: Request> Shared<R> {
+    pub(crate) fn new(config: QueueConfig, bytes_per_block: Option<u64>, queue_id: u64) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                pending: Pending::new(),
+                next_seq: 0,
+                closed: false,
+                waiters: 0,
+                clock: Clock::default(),
+                stats: QueueStats::default(),
+            }),
+            not_empty: Condvar::new(),
+            config,
+            bytes_per_block,
+            queue_id,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner<R>> {
+        lock(&self.inner)
+    }
+
+    /// Wakes every waiter if there are any; for events that concern them all
+    /// (close, a cancelled wait token, model time moving).
+    pub(crate) fn wake_all(&self, guard: MutexGuard<'_, Inner<R>>) {
+        let wake = guard.waiters > 0;
+        drop(guard);
+        if wake {
+            self.not_empty.notify_all();
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Loom models of the request queue.
+#![cfg(kvbm_loom)]
