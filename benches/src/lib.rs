@@ -1,1 +1,37 @@
 //! Shared helpers for the kvbm benchmarks.
+
+/// Whether the bench binary runs as the CI smoke test (`cargo test --benches`
+/// runs each benchmark once, unoptimized) rather than a real measurement
+/// (`cargo bench` passes `--bench`). Expensive setups shrink in smoke runs.
+pub fn is_smoke_test() -> bool {
+    !std::env::args().any(|arg| arg == "--bench")
+}
+
+/// Resident set size of this process in bytes (Linux `/proc/self/status`),
+/// or `None` where that is unavailable.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A small deterministic generator of well-mixed `u64`s (xorshift), so both
+/// sides of a comparison get identical inputs without another dependency.
+#[derive(Debug, Clone)]
+pub struct Xorshift(u64);
+
+impl Xorshift {
+    /// Seeds the generator (a zero seed is bumped to one).
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
