@@ -1,4 +1,380 @@
-//! kvbm-sim: replays request traces through kvbm (under construction).
+//! `kvbm-sim`: replay a request trace through kvbm and report what the cache did.
+//!
+//! ```text
+//! kvbm-sim                                   # summary of the embedded excerpt
+//! kvbm-sim cache --trace FILE [--block-size N]
+//!          [--capacity-blocks N | --capacity-tokens N | --unbounded]
+//!          [--eviction lru|multi-level|lineage] [--json]
+//! kvbm-sim sweep --trace FILE --capacities 1k,2k,6k --evictions lru,lineage --out DIR
+//! ```
+//!
+//! Reports go to stdout (that is this program's job; it writes through a
+//! locked handle rather than `println!`, so a closed pipe ends it quietly
+//! instead of panicking). Progress bars and errors go to stderr.
 #![forbid(unsafe_code)]
 
-fn main() {}
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvbm_sim::{
+    CacheConfig, Capacity, Eviction, Progress, SimError, SweepConfig, Trace, Workload,
+};
+
+/// Replays Mooncake-format request traces through kvbm's block manager.
+///
+/// With no command, replays the embedded excerpt of the Mooncake FAST'25
+/// conversation trace (500 requests) through an unbounded prefix cache and
+/// prints a summary.
+#[derive(Debug, Parser)]
+#[command(name = "kvbm-sim", version)]
+struct Cli {
+    /// Never draw progress bars (they are also hidden when stderr is not a terminal).
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay requests one after another through a prefix cache and report hits.
+    Cache(CacheArgs),
+    /// Run cache mode over capacities and policies; write a table and an SVG plot.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+struct TraceArgs {
+    /// Mooncake-format JSONL trace [default: the embedded conversation excerpt].
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Tokens per simulated block; must divide the trace's 512.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    block_size: usize,
+}
+
+#[derive(Debug, Args)]
+#[group(multiple = false)]
+struct CapacityArgs {
+    /// Cache size in blocks (6000, 6k, 1.5M).
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    capacity_blocks: Option<u64>,
+    /// Cache size in tokens, rounded down to whole blocks (3M).
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    capacity_tokens: Option<u64>,
+    /// Room for every distinct block: nothing is evicted [default].
+    #[arg(long)]
+    unbounded: bool,
+}
+
+impl CapacityArgs {
+    fn capacity(&self) -> Capacity {
+        match (self.capacity_blocks, self.capacity_tokens) {
+            (Some(blocks), _) => Capacity::Blocks(blocks),
+            (None, Some(tokens)) => Capacity::Tokens(tokens),
+            (None, None) => Capacity::Unbounded,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct CacheArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    #[command(flatten)]
+    capacity: CapacityArgs,
+    /// Which cached block to evict first.
+    #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
+    eviction: Eviction,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct SweepArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Cache sizes in blocks, comma-separated (k and M suffixes allowed).
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        value_parser = Capacity::parse_count,
+        default_value = "1k,2k,4k,6k,10k,20k,50k"
+    )]
+    capacities: Vec<u64>,
+    /// Eviction policies, comma-separated.
+    #[arg(
+        long,
+        value_name = "POLICY,...",
+        value_delimiter = ',',
+        value_parser = eviction_parser(),
+        default_value = "lru,multi-level,lineage"
+    )]
+    evictions: Vec<Eviction>,
+    /// Directory for sweep.csv, sweep.md and sweep.svg (created if missing).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Print the results as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Lists the policy names in `--help` and parses them with the library.
+fn eviction_parser() -> impl TypedValueParser<Value = Eviction> {
+    PossibleValuesParser::new(Eviction::ALL.map(Eviction::name))
+        .try_map(|name| name.parse::<Eviction>())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut progress = Bar::new(!cli.quiet);
+    let mut out = io::stdout().lock();
+    let result = match cli.command {
+        None => run_default(&mut out, &mut progress),
+        Some(Command::Cache(args)) => run_cache(&args, &mut out, &mut progress),
+        Some(Command::Sweep(args)) => run_sweep(&args, &mut out, &mut progress),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // A reader that stopped reading (`| head`) is not a failure.
+        Err(Failure::Output(err)) if err.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {failure}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Why a run stopped: the simulation refused, or stdout did.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error("cannot write the report: {0}")]
+    Output(#[from] io::Error),
+}
+
+/// A trace, where it came from, and how long loading took.
+struct Loaded {
+    trace: Trace,
+    source: String,
+    load_time: Duration,
+}
+
+fn load(args: &TraceArgs, progress: &mut Bar) -> Result<Loaded, SimError> {
+    let started = Instant::now();
+    let (trace, source) = match &args.trace {
+        Some(path) => (
+            Trace::from_path_with_progress(path, progress)?,
+            path.display().to_string(),
+        ),
+        None => (
+            Trace::conversation_excerpt()?,
+            "embedded excerpt of the Mooncake conversation trace".to_owned(),
+        ),
+    };
+    Ok(Loaded {
+        trace,
+        source,
+        load_time: started.elapsed(),
+    })
+}
+
+fn run_default(out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
+    let args = CacheArgs {
+        trace: TraceArgs {
+            trace: None,
+            block_size: 512,
+        },
+        capacity: CapacityArgs {
+            capacity_blocks: None,
+            capacity_tokens: None,
+            unbounded: true,
+        },
+        eviction: Eviction::Lru,
+        json: false,
+    };
+    run_cache(&args, out, progress)?;
+    writeln!(
+        out,
+        "\nnext: kvbm-sim cache --trace FILE --capacity-tokens 3M --eviction lineage\n      \
+         kvbm-sim sweep --trace FILE --out DIR   (kvbm-sim --help for more)"
+    )?;
+    Ok(())
+}
+
+fn run_cache(args: &CacheArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
+    let loaded = load(&args.trace, progress)?;
+    let started = Instant::now();
+    let workload = Workload::new(&loaded.trace, args.trace.block_size)?;
+    let split_time = started.elapsed();
+    let config = CacheConfig::new(args.capacity.capacity(), args.eviction);
+    let report = kvbm_sim::mode::cache::replay(&workload, &config, progress)?;
+    if args.json {
+        let mut json = report.to_json();
+        if let Some(object) = json.as_object_mut() {
+            object.insert("trace".to_owned(), loaded.source.into());
+            object.insert("load_ms".to_owned(), millis(loaded.load_time).into());
+            object.insert("split_ms".to_owned(), millis(split_time).into());
+        }
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    write_trace_summary(out, &loaded, split_time)?;
+    write!(out, "{report}")?;
+    Ok(())
+}
+
+fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
+    let loaded = load(&args.trace, progress)?;
+    let started = Instant::now();
+    let workload = Workload::new(&loaded.trace, args.trace.block_size)?;
+    let split_time = started.elapsed();
+    let config = SweepConfig {
+        capacities: args.capacities.iter().copied().map(Capacity::Blocks).collect(),
+        evictions: args.evictions.clone(),
+    };
+    let sweep = kvbm_sim::sweep(&workload, &config, progress)?;
+    let files = sweep.write_to(&args.out)?;
+    if args.json {
+        let runs: Vec<_> = sweep.runs.iter().map(|run| run.to_json()).collect();
+        let json = serde_json::json!({
+            "mode": "sweep",
+            "trace": loaded.source,
+            "unbounded": sweep.unbounded.to_json(),
+            "runs": runs,
+            "files": [files.csv, files.markdown, files.svg],
+        });
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    write_trace_summary(out, &loaded, split_time)?;
+    writeln!(
+        out,
+        "block hit rate by cache capacity and eviction policy (block size {}):\n",
+        workload.block_size()
+    )?;
+    write!(out, "{}", sweep.to_markdown())?;
+    let replay: Duration = sweep
+        .runs
+        .iter()
+        .map(|run| run.replay_time)
+        .chain([sweep.unbounded.replay_time])
+        .sum();
+    writeln!(
+        out,
+        "\n{} replays in {:.1} ms; wrote {}, {} and {}",
+        sweep.runs.len() + 1,
+        millis(replay),
+        files.csv.display(),
+        files.markdown.display(),
+        files.svg.display()
+    )?;
+    Ok(())
+}
+
+fn write_trace_summary(
+    out: &mut impl Write,
+    loaded: &Loaded,
+    split_time: Duration,
+) -> io::Result<()> {
+    let summary = loaded.trace.summary();
+    writeln!(out, "trace: {}", loaded.source)?;
+    writeln!(
+        out,
+        "  {} requests over {:.1} s, mean input {:.0} tokens, mean output {:.0} tokens",
+        summary.requests,
+        summary.duration_ms as f64 / 1e3,
+        summary.mean_input_tokens(),
+        summary.mean_output_tokens()
+    )?;
+    writeln!(
+        out,
+        "  parsed in {:.1} ms, split into blocks in {:.1} ms\n",
+        millis(loaded.load_time),
+        millis(split_time)
+    )
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// A terminal progress bar that appears only once a phase has run for
+/// [`Bar::DELAY`]: quick replays print nothing, slow ones show how far they are.
+struct Bar {
+    enabled: bool,
+    bar: Option<ProgressBar>,
+    label: String,
+    total: u64,
+    position: u64,
+    started: Instant,
+}
+
+impl Bar {
+    const DELAY: Duration = Duration::from_millis(300);
+
+    fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            bar: None,
+            label: String::new(),
+            total: 0,
+            position: 0,
+            started: Instant::now(),
+        }
+    }
+
+    fn show(&self) -> ProgressBar {
+        // stderr() hides itself when stderr is not a terminal.
+        let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template(
+            "{msg:>10} [{bar:40}] {percent:>3}% {elapsed_precise} (eta {eta})",
+        )
+        .map(|style| style.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_message(self.label.clone());
+        bar.set_position(self.position);
+        bar
+    }
+}
+
+impl Progress for Bar {
+    fn start(&mut self, label: &str, total: u64) {
+        self.finish();
+        label.clone_into(&mut self.label);
+        self.total = total;
+        self.position = 0;
+        self.started = Instant::now();
+    }
+
+    fn advance(&mut self, amount: u64) {
+        self.position = self.position.saturating_add(amount);
+        if self.bar.is_none() && self.enabled && self.started.elapsed() >= Self::DELAY {
+            self.bar = Some(self.show());
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.position);
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,114 @@
+//! [`Capacity`]: how big the simulated cache is.
+
+use std::fmt;
+
+use kvbm_blocks::MAX_BLOCKS;
+
+use crate::{SimError, Workload};
+
+/// The size of the simulated KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Capacity {
+    /// This many blocks, whatever the block size.
+    Blocks(u64),
+    /// This many tokens, rounded down to whole blocks of the workload's size.
+    Tokens(u64),
+    /// Room for every distinct block of the workload: nothing is ever
+    /// evicted, so the hit rate is the workload's reuse ceiling.
+    #[default]
+    Unbounded,
+}
+
+impl Capacity {
+    /// The pool size in blocks for `workload`.
+    ///
+    /// `Unbounded` counts the workload's distinct blocks (O(blocks)).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::ZeroCapacity`] for zero blocks or fewer tokens than one
+    /// block, [`SimError::CapacityTooLarge`] beyond what a pool addresses.
+    pub fn resolve(self, workload: &Workload) -> Result<usize, SimError> {
+        let block_size = workload.block_size();
+        let blocks = match self {
+            Self::Blocks(blocks) => blocks,
+            Self::Tokens(tokens) => tokens / block_size as u64,
+            // A pool needs one block even when the workload has none.
+            Self::Unbounded => workload.distinct_blocks().max(1) as u64,
+        };
+        if blocks == 0 {
+            return Err(SimError::ZeroCapacity {
+                capacity: self.to_string(),
+                block_size,
+            });
+        }
+        match usize::try_from(blocks) {
+            Ok(count) if count <= MAX_BLOCKS => Ok(count),
+            _ => Err(SimError::CapacityTooLarge {
+                blocks,
+                max: MAX_BLOCKS,
+            }),
+        }
+    }
+
+    /// Whether this is [`Capacity::Unbounded`].
+    pub fn is_unbounded(self) -> bool {
+        self == Self::Unbounded
+    }
+
+    /// Parses a count written plainly or with an SI suffix: `6000`, `6k`,
+    /// `1.5M`, `2G` (`k`/`K` = 1,000, `m`/`M` = 1,000,000, `g`/`G` = 10⁹),
+    /// `_` allowed as a digit separator. The result must be whole. Zero
+    /// parses (as `0`); [`resolve`](Self::resolve) is what refuses an empty
+    /// cache, with the error that says so.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::InvalidCapacity`] for anything else.
+    pub fn parse_count(text: &str) -> Result<u64, SimError> {
+        let invalid = || SimError::InvalidCapacity {
+            text: text.to_owned(),
+        };
+        let trimmed = text.trim().replace('_', "");
+        let (number, scale) = match trimmed.char_indices().last() {
+            Some((at, 'k' | 'K')) => (&trimmed[..at], 1_000u64),
+            Some((at, 'm' | 'M')) => (&trimmed[..at], 1_000_000),
+            Some((at, 'g' | 'G')) => (&trimmed[..at], 1_000_000_000),
+            _ => (trimmed.as_str(), 1),
+        };
+        // Integer arithmetic, so `1.1k` is exactly 1100 (in floating point
+        // it is 1100.0000000000002).
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let digits = |part: &str| part.chars().all(|c| c.is_ascii_digit());
+        if whole.is_empty() || !digits(whole) || !digits(fraction) {
+            return Err(invalid());
+        }
+        let whole: u64 = whole.parse().map_err(|_| invalid())?;
+        let mut value = whole.checked_mul(scale).ok_or_else(invalid)?;
+        let mut place = scale;
+        for digit in fraction.bytes() {
+            if place % 10 != 0 {
+                // A digit below one block: only zeros may follow.
+                if digit != b'0' {
+                    return Err(invalid());
+                }
+                continue;
+            }
+            place /= 10;
+            value = value
+                .checked_add(u64::from(digit - b'0') * place)
+                .ok_or_else(invalid)?;
+        }
+        Ok(value)
+    }
+}
+
+impl fmt::Display for Capacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Blocks(blocks) => write!(f, "{blocks} blocks"),
+            Self::Tokens(tokens) => write!(f, "{tokens} tokens"),
+            Self::Unbounded => f.write_str("unbounded"),
+        }
+    }
+}

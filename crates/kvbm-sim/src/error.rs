@@ -1,0 +1,111 @@
+//! [`SimError`], the one error type of this crate.
+
+use std::path::PathBuf;
+
+use kvbm_blocks::BlockError;
+
+/// Everything that can go wrong loading a trace, configuring a replay or
+/// writing its results.
+///
+/// Every variant names what the user can fix: the file, the line, the flag.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The trace file does not exist.
+    #[error("trace file not found: {}", path.display())]
+    TraceNotFound {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The trace file exists but could not be read.
+    #[error("cannot read trace {}: {source}", path.display())]
+    ReadTrace {
+        /// The path given.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line is not a JSON object with the four Mooncake fields.
+    #[error("malformed trace line {line}, column {column}: {reason}")]
+    MalformedLine {
+        /// 1-based line number in the trace.
+        line: usize,
+        /// 1-based column in that line where parsing stopped.
+        column: usize,
+        /// What the JSON parser said.
+        reason: String,
+    },
+    /// A request's `hash_ids` do not cover its `input_length` in 512-token
+    /// blocks (`512 × (blocks - 1) < input_length <= 512 × blocks`).
+    #[error(
+        "trace line {line}: input_length {input_length} does not fit {blocks} hash_ids of 512 tokens"
+    )]
+    InconsistentRequest {
+        /// 1-based line number in the trace (for in-memory traces, the
+        /// request's 1-based index).
+        line: usize,
+        /// The request's prompt length in tokens.
+        input_length: u64,
+        /// How many hash ids the request lists.
+        blocks: usize,
+    },
+    /// The trace has no requests.
+    #[error("the trace has no requests")]
+    EmptyTrace,
+    /// The block size does not split the trace's 512-token blocks evenly.
+    #[error(
+        "block size {block_size} must divide the trace's 512-token blocks (1, 2, 4, ..., 256, 512)"
+    )]
+    InvalidBlockSize {
+        /// The block size asked for.
+        block_size: usize,
+    },
+    /// A cache of zero blocks (including a token capacity below one block).
+    #[error("cache capacity {capacity} holds no {block_size}-token block")]
+    ZeroCapacity {
+        /// The capacity asked for, as written.
+        capacity: String,
+        /// The block size it was resolved at.
+        block_size: usize,
+    },
+    /// A cache larger than a block pool can address.
+    #[error("cache capacity of {blocks} blocks exceeds the maximum of {max}")]
+    CapacityTooLarge {
+        /// The capacity in blocks.
+        blocks: u64,
+        /// The largest pool kvbm-blocks supports.
+        max: usize,
+    },
+    /// An eviction policy name that is not `lru`, `multi-level` or `lineage`.
+    #[error("unknown eviction policy `{name}` (expected lru, multi-level or lineage)")]
+    UnknownEviction {
+        /// The name given.
+        name: String,
+    },
+    /// A capacity that is not a positive number of blocks (`6000`, `6k`, `1.5M`).
+    #[error("invalid capacity `{text}` (expected a block count such as 6000, 6k or 1.5M)")]
+    InvalidCapacity {
+        /// The text given.
+        text: String,
+    },
+    /// A sweep with no capacity or no eviction policy to run.
+    #[error("a sweep needs at least one capacity and one eviction policy")]
+    EmptySweep,
+    /// Writing a result file failed.
+    #[error("cannot write {}: {source}", path.display())]
+    WriteOutput {
+        /// The file or directory being written.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Drawing the sweep plot failed.
+    #[error("cannot draw the sweep plot: {0}")]
+    Plot(String),
+    /// The block layer refused an operation the replay relies on; this is a
+    /// bug in the simulator or in kvbm-blocks.
+    #[error("block manager error: {0}")]
+    Blocks(#[from] BlockError),
+}

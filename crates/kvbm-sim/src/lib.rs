@@ -1,0 +1,90 @@
+//! Trace-driven simulation of kvbm: replay real LLM request traces through
+//! the block layers and report what the cache did.
+//!
+//! The simulator reads Mooncake-format JSONL traces ([`Trace`]): per
+//! request, an arrival time, prompt and output lengths, and one hash id per
+//! 512-token prompt block, where equal ids at equal positions mark a
+//! reusable prefix. A [`Workload`] splits those blocks to the simulated
+//! block size (any divisor of 512) into chained [`kvbm_blocks::SequenceHash`]es,
+//! so a block matches only together with its whole prefix (the derivation is
+//! documented on [`Workload`]).
+//!
+//! Modes ([`mode`]) replay a workload:
+//!
+//! - **cache** ([`mode::cache`]): requests one after another through a
+//!   [`kvbm_blocks::BlockManager`] used as a prefix cache. Each request
+//!   matches its longest cached prefix (the hits), allocates its misses
+//!   (evicting by the chosen [`Eviction`] policy when the [`Capacity`] is
+//!   full), registers them, and releases everything deepest block first, so
+//!   chain ends are evicted before the prefixes they share, as in vLLM.
+//!   It answers "what hit rate does this cache size and policy buy".
+//! - **sweep** ([`sweep()`]): cache mode over a grid of capacities and
+//!   policies, written as a table and an SVG plot of hit rate against
+//!   capacity (the Mooncake paper's Figure 9).
+//!
+//! Hits are counted by [`HitStats`]: blocks, and tokens (a hit block counts
+//! its block size, capped at the request's prompt length).
+//!
+//! The `kvbm-sim` binary wraps this library: `kvbm-sim cache --trace FILE
+//! [--capacity-blocks N | --capacity-tokens N | --unbounded] [--eviction
+//! lru|multi-level|lineage] [--json]`, `kvbm-sim sweep --out DIR`, and with
+//! no arguments a summary of the embedded excerpt of the Mooncake
+//! conversation trace ([`CONVERSATION_EXCERPT`]).
+//!
+//! # Example: a tiny trace through a bounded and an unbounded cache
+//!
+//! ```
+//! use kvbm_sim::{CacheConfig, Capacity, Eviction, Trace, Workload};
+//!
+//! // Ids 1 and 2 name the same two 512-token blocks in both first requests.
+//! let trace = Trace::from_jsonl(concat!(
+//!     r#"{"timestamp": 0, "input_length": 1200, "output_length": 20, "hash_ids": [1, 2, 3]}"#,
+//!     "\n",
+//!     r#"{"timestamp": 10, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 4]}"#,
+//!     "\n",
+//!     r#"{"timestamp": 20, "input_length": 300, "output_length": 5, "hash_ids": [5]}"#,
+//! ))?;
+//!
+//! // At block size 256 each full trace block is two chained blocks; a
+//! // request has ceil(input_length / 256) of them.
+//! let workload = Workload::new(&trace, 256)?;
+//! assert_eq!(workload.total_blocks(), 5 + 5 + 2);
+//!
+//! // Unbounded: the second request finds its first four blocks.
+//! let report = CacheConfig::new(Capacity::Unbounded, Eviction::Lru).run(&workload)?;
+//! assert_eq!((report.hits.hit_blocks, report.hits.hit_tokens), (4, 1024));
+//! assert_eq!(report.evictions, 0);
+//!
+//! // Five blocks: the first request fills the cache, the second still hits
+//! // its shared prefix (the tail block `3` is evicted for its own tail),
+//! // and the third evicts two more.
+//! let report = CacheConfig::new(Capacity::Blocks(5), Eviction::Lru).run(&workload)?;
+//! assert_eq!(report.hits.hit_blocks, 4);
+//! assert_eq!(report.evictions, 3);
+//! println!("{report}"); // a readable summary; `report.to_json()` for machines
+//! # Ok::<(), kvbm_sim::SimError>(())
+//! ```
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+mod capacity;
+mod error;
+mod eviction;
+mod format;
+pub mod mode;
+mod plot;
+mod progress;
+mod stats;
+mod sweep;
+mod trace;
+mod workload;
+
+pub use capacity::Capacity;
+pub use error::SimError;
+pub use eviction::Eviction;
+pub use mode::cache::{CacheConfig, CacheOccupancy, CacheReport, CacheSim, RequestOutcome};
+pub use progress::{NoProgress, Progress};
+pub use stats::HitStats;
+pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};
+pub use trace::{CONVERSATION_EXCERPT, TRACE_BLOCK_TOKENS, Trace, TraceRequest, TraceSummary};
+pub use workload::{SUB_BLOCK_SEED, Workload, WorkloadRequest, sub_block_value};

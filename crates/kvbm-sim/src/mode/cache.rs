@@ -1,0 +1,376 @@
+//! `cache` mode: requests one after another through a [`BlockManager`] used
+//! as a prefix cache.
+//!
+//! For each request, in trace order:
+//!
+//! 1. **match** the longest cached prefix of its blocks (those are the hits;
+//!    matching pins them, so they cannot be evicted under the request);
+//! 2. **allocate** blocks for the misses, evicting cached blocks in the
+//!    policy's order when the free pool runs dry;
+//! 3. **stage and register** the misses under their hashes, so later
+//!    requests can match them (a miss that is still cached deeper in some
+//!    chain deduplicates onto the cached block);
+//! 4. **release** everything, deepest block first, so the end of a chain
+//!    becomes evictable before the prefix it shares with other chains, as
+//!    vLLM's free-block queue does.
+//!
+//! Only the current request holds blocks, so a request with more blocks than
+//! the cache has room for (beyond its hits) stores the misses that fit, in
+//! prefix order, and leaves the rest uncached; the report counts such
+//! requests as `oversized_requests`.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use kvbm_blocks::{BlockError, BlockManager};
+use serde_json::json;
+use tracing::instrument;
+
+use crate::format::{group, percent};
+use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Workload, WorkloadRequest};
+
+/// Requests between two progress reports.
+const PROGRESS_EVERY: u64 = 256;
+
+/// The storage-tier marker of the simulated pool.
+#[derive(Debug)]
+struct Simulated;
+
+/// What to replay in cache mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CacheConfig {
+    /// Size of the cache (default unbounded).
+    pub capacity: Capacity,
+    /// Eviction order (default LRU).
+    pub eviction: Eviction,
+}
+
+impl CacheConfig {
+    /// A config for `capacity` and `eviction`.
+    pub fn new(capacity: Capacity, eviction: Eviction) -> Self {
+        Self { capacity, eviction }
+    }
+
+    /// Replays `workload` through a fresh cache.
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`].
+    pub fn run(&self, workload: &Workload) -> Result<CacheReport, SimError> {
+        replay(workload, self, &mut NoProgress)
+    }
+}
+
+/// Replays every request of `workload` through a fresh cache built from
+/// `config`, reporting each batch of requests to `progress`.
+///
+/// # Errors
+///
+/// [`SimError::ZeroCapacity`] or [`SimError::CapacityTooLarge`] for a
+/// capacity that cannot be built; [`SimError::Blocks`] if the block layer
+/// refuses an operation (a bug).
+#[instrument(level = "debug", skip_all, fields(capacity = %config.capacity, eviction = %config.eviction))]
+pub fn replay(
+    workload: &Workload,
+    config: &CacheConfig,
+    progress: &mut dyn Progress,
+) -> Result<CacheReport, SimError> {
+    let capacity_blocks = config.capacity.resolve(workload)?;
+    let started = Instant::now();
+    let mut sim = CacheSim::new(workload.block_size(), capacity_blocks, config.eviction)?;
+    progress.start("replaying", workload.len() as u64);
+    let mut since_report = 0;
+    for request in workload.requests() {
+        sim.replay_request(&request)?;
+        since_report += 1;
+        if since_report == PROGRESS_EVERY {
+            progress.advance(since_report);
+            since_report = 0;
+        }
+    }
+    progress.advance(since_report);
+    progress.finish();
+    let mut report = sim.report();
+    report.unbounded = config.capacity.is_unbounded();
+    report.replay_time = started.elapsed();
+    Ok(report)
+}
+
+/// What one request did to the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestOutcome {
+    /// Leading blocks found in the cache.
+    pub hit_blocks: usize,
+    /// Missed blocks now cached.
+    pub stored_blocks: usize,
+    /// Missed blocks that did not fit (the request exceeds the cache).
+    pub uncached_blocks: usize,
+}
+
+/// Where the cache's blocks are, recounted block by block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheOccupancy {
+    /// Blocks in the cache.
+    pub total_blocks: usize,
+    /// Blocks holding a cached, matchable prefix block.
+    pub cached_blocks: usize,
+    /// Blocks holding nothing.
+    pub free_blocks: usize,
+    /// Blocks pinned by a request (zero between requests).
+    pub in_use_blocks: usize,
+}
+
+/// A prefix cache replaying requests one at a time: the engine behind
+/// [`replay`], usable step by step.
+pub struct CacheSim {
+    manager: BlockManager<Simulated>,
+    eviction: Eviction,
+    hits: HitStats,
+    oversized_requests: u64,
+    uncached_blocks: u64,
+}
+
+impl CacheSim {
+    /// An empty cache of `capacity_blocks` blocks of `block_size` tokens.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Blocks`] when the block layer refuses the pool (zero or
+    /// too many blocks, zero block size).
+    pub fn new(
+        block_size: usize,
+        capacity_blocks: usize,
+        eviction: Eviction,
+    ) -> Result<Self, SimError> {
+        let manager = BlockManager::builder()
+            .block_count(capacity_blocks)
+            .block_size(block_size)
+            .eviction(eviction.policy())
+            .build()?;
+        Ok(Self {
+            manager,
+            eviction,
+            hits: HitStats::default(),
+            oversized_requests: 0,
+            uncached_blocks: 0,
+        })
+    }
+
+    /// Replays one request: match, allocate, register, release tail first.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Blocks`] if the block layer refuses an operation, which
+    /// would be a bug: only this request pins blocks, so its misses always
+    /// fit in what the matched prefix leaves.
+    pub fn replay_request(
+        &mut self,
+        request: &WorkloadRequest<'_>,
+    ) -> Result<RequestOutcome, SimError> {
+        let block_size = self.manager.block_size();
+        let mut held = self.manager.match_blocks(request.blocks);
+        let hit_blocks = held.len();
+        self.hits.record(request, hit_blocks, block_size);
+
+        let misses = request.blocks.get(hit_blocks..).unwrap_or_default();
+        // Everything but the matched prefix is free or evictable.
+        let room = self.manager.total_blocks().saturating_sub(hit_blocks);
+        let stored_blocks = misses.len().min(room);
+        let uncached_blocks = misses.len() - stored_blocks;
+        if uncached_blocks > 0 {
+            self.oversized_requests += 1;
+            self.uncached_blocks += uncached_blocks as u64;
+        }
+        if stored_blocks > 0 {
+            let fresh = self.manager.allocate_blocks(stored_blocks)?;
+            let staged = fresh
+                .into_iter()
+                .zip(misses)
+                .map(|(block, &hash)| block.stage(hash, block_size))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(BlockError::from)?;
+            let stored = self
+                .manager
+                .register_blocks(staged)
+                .map_err(BlockError::from)?;
+            held.append(stored).map_err(BlockError::from)?;
+        }
+        // Deepest first: each truncate releases one block, so the LRU order
+        // puts a chain's end before the prefix other chains still share.
+        for len in (0..held.len()).rev() {
+            held.truncate(len);
+        }
+        Ok(RequestOutcome {
+            hit_blocks,
+            stored_blocks,
+            uncached_blocks,
+        })
+    }
+
+    /// The hit accounting so far.
+    pub fn hits(&self) -> HitStats {
+        self.hits
+    }
+
+    /// Cached blocks evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.manager.metrics().evictions
+    }
+
+    /// Whether a block with this hash is cached or pinned, without touching
+    /// its eviction order.
+    pub fn contains(&self, hash: kvbm_blocks::SequenceHash) -> bool {
+        self.manager.scan_matches(&[hash]).first() == Some(&true)
+    }
+
+    /// Recounts every block of the cache.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Blocks`] if the block layer finds itself inconsistent (a bug).
+    pub fn audit(&self) -> Result<CacheOccupancy, SimError> {
+        let audit = self.manager.audit()?;
+        Ok(CacheOccupancy {
+            total_blocks: audit.total_blocks(),
+            cached_blocks: audit.inactive_blocks,
+            free_blocks: audit.free_blocks,
+            in_use_blocks: audit.in_use_blocks(),
+        })
+    }
+
+    /// The report so far (with zero replay time and `unbounded` unset:
+    /// [`replay`] fills both in).
+    pub fn report(&self) -> CacheReport {
+        CacheReport {
+            block_size: self.manager.block_size(),
+            capacity_blocks: self.manager.total_blocks(),
+            unbounded: false,
+            eviction: self.eviction,
+            hits: self.hits,
+            evictions: self.evictions(),
+            oversized_requests: self.oversized_requests,
+            uncached_blocks: self.uncached_blocks,
+            replay_time: Duration::ZERO,
+        }
+    }
+}
+
+impl fmt::Debug for CacheSim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheSim")
+            .field("manager", &self.manager)
+            .field("hits", &self.hits)
+            .field("oversized_requests", &self.oversized_requests)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of a cache-mode replay.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct CacheReport {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// The cache's size in blocks (for an unbounded run, the workload's
+    /// distinct blocks).
+    pub capacity_blocks: usize,
+    /// Whether the capacity was [`Capacity::Unbounded`].
+    pub unbounded: bool,
+    /// The eviction policy.
+    pub eviction: Eviction,
+    /// Requests, blocks, tokens and their hits.
+    pub hits: HitStats,
+    /// Cached blocks evicted to make room.
+    pub evictions: u64,
+    /// Requests with more missed blocks than the cache had room for.
+    pub oversized_requests: u64,
+    /// Missed blocks of oversized requests that were not cached.
+    pub uncached_blocks: u64,
+    /// Wall time of the replay, building the cache included.
+    pub replay_time: Duration,
+}
+
+impl CacheReport {
+    /// The cache's size in tokens.
+    pub fn capacity_tokens(&self) -> u64 {
+        (self.capacity_blocks as u64).saturating_mul(self.block_size as u64)
+    }
+
+    /// The report as one JSON object (the `--json` output).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "mode": "cache",
+            "block_size": self.block_size,
+            "capacity_blocks": self.capacity_blocks,
+            "capacity_tokens": self.capacity_tokens(),
+            "unbounded": self.unbounded,
+            "eviction": self.eviction.name(),
+            "requests": self.hits.requests,
+            "input_blocks": self.hits.input_blocks,
+            "hit_blocks": self.hits.hit_blocks,
+            "input_tokens": self.hits.input_tokens,
+            "hit_tokens": self.hits.hit_tokens,
+            "block_hit_rate": self.hits.block_hit_rate(),
+            "token_hit_rate": self.hits.token_hit_rate(),
+            "evictions": self.evictions,
+            "preemptions": 0,
+            "oversized_requests": self.oversized_requests,
+            "uncached_blocks": self.uncached_blocks,
+            "replay_ms": self.replay_time.as_secs_f64() * 1e3,
+        })
+    }
+}
+
+impl fmt::Display for CacheReport {
+    /// A readable summary, several lines, ending in a newline.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let capacity = if self.unbounded {
+            format!("unbounded ({} blocks)", group(self.capacity_blocks as u64))
+        } else {
+            format!(
+                "{} blocks = {} tokens",
+                group(self.capacity_blocks as u64),
+                group(self.capacity_tokens())
+            )
+        };
+        let hits = &self.hits;
+        writeln!(
+            f,
+            "cache mode: {} requests, block size {}, capacity {capacity}, eviction {}",
+            group(hits.requests),
+            self.block_size,
+            self.eviction
+        )?;
+        writeln!(f, "              {:>14} {:>16}", "blocks", "tokens")?;
+        writeln!(
+            f,
+            "  input       {:>14} {:>16}",
+            group(hits.input_blocks),
+            group(hits.input_tokens)
+        )?;
+        writeln!(
+            f,
+            "  hit         {:>14} {:>16}",
+            group(hits.hit_blocks),
+            group(hits.hit_tokens)
+        )?;
+        writeln!(
+            f,
+            "  hit rate    {:>14} {:>16}",
+            percent(hits.block_hit_rate()),
+            percent(hits.token_hit_rate())
+        )?;
+        writeln!(
+            f,
+            "  evictions {}, preemptions 0, oversized requests {}, replay {:.1} ms",
+            group(self.evictions),
+            group(self.oversized_requests),
+            self.replay_time.as_secs_f64() * 1e3
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

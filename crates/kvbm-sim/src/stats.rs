@@ -1,0 +1,47 @@
+//! [`HitStats`]: prefix-cache hit accounting shared by every mode.
+
+use crate::WorkloadRequest;
+use crate::trace::ratio;
+
+/// How much of the workload's prompts the cache already held.
+///
+/// A request's hit blocks are the longest prefix of its blocks found in the
+/// cache (a block counts only with its whole prefix). Each hit block counts
+/// the block size in tokens, capped at the request's `input_length`, so a
+/// partial last block counts only the tokens it has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HitStats {
+    /// Requests replayed.
+    pub requests: u64,
+    /// Prompt blocks over all requests.
+    pub input_blocks: u64,
+    /// Of those, blocks found in the cache.
+    pub hit_blocks: u64,
+    /// Prompt tokens over all requests.
+    pub input_tokens: u64,
+    /// Of those, tokens in hit blocks.
+    pub hit_tokens: u64,
+}
+
+impl HitStats {
+    /// Counts one request whose first `hit_blocks` blocks were cached.
+    pub fn record(&mut self, request: &WorkloadRequest<'_>, hit_blocks: usize, block_size: usize) {
+        self.requests += 1;
+        self.input_blocks += request.blocks.len() as u64;
+        self.hit_blocks += hit_blocks as u64;
+        self.input_tokens += request.input_tokens;
+        let hit_tokens = (hit_blocks as u64).saturating_mul(block_size as u64);
+        self.hit_tokens += hit_tokens.min(request.input_tokens);
+    }
+
+    /// `hit_blocks / input_blocks`, in `0.0..=1.0` (0 with no blocks).
+    pub fn block_hit_rate(&self) -> f64 {
+        ratio(self.hit_blocks, self.input_blocks)
+    }
+
+    /// `hit_tokens / input_tokens`, in `0.0..=1.0` (0 with no tokens).
+    pub fn token_hit_rate(&self) -> f64 {
+        ratio(self.hit_tokens, self.input_tokens)
+    }
+}

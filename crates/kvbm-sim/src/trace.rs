@@ -1,0 +1,269 @@
+//! [`Trace`]: Mooncake-format JSONL request traces, parsed and checked.
+//!
+//! One JSON object per line: `timestamp` (ms from the trace start),
+//! `input_length` and `output_length` (tokens) and `hash_ids` (one id per
+//! 512-token block of the prompt, the last block possibly partial; equal ids
+//! at equal positions are a reusable prefix). Unknown fields are ignored and
+//! blank lines skipped, so other Mooncake traces load as they are.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+
+use crate::{NoProgress, Progress, SimError};
+
+/// Tokens per `hash_ids` entry in a Mooncake trace.
+pub const TRACE_BLOCK_TOKENS: usize = 512;
+
+/// The embedded default: the first 500 requests of the Mooncake FAST'25
+/// conversation trace (Apache-2.0; see `fixtures/PROVENANCE.md`).
+pub const CONVERSATION_EXCERPT: &str = include_str!("../fixtures/conversation_excerpt.jsonl");
+
+/// One request of a trace, exactly as a line of the file states it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRequest {
+    /// Arrival time in milliseconds from the start of the trace.
+    pub timestamp: u64,
+    /// Prompt length in tokens.
+    pub input_length: u64,
+    /// Generated tokens.
+    pub output_length: u64,
+    /// One id per 512-token prompt block; an id stands for its block *and*
+    /// the whole prefix before it.
+    pub hash_ids: Vec<u64>,
+}
+
+impl TraceRequest {
+    /// Checks that `hash_ids` cover `input_length` in 512-token blocks, the
+    /// last one possibly partial (no ids for an empty prompt).
+    fn check(&self, line: usize) -> Result<(), SimError> {
+        let blocks = self.hash_ids.len() as u64;
+        let block = TRACE_BLOCK_TOKENS as u64;
+        let fits = match blocks {
+            0 => self.input_length == 0,
+            n => {
+                (n - 1).saturating_mul(block) < self.input_length
+                    && self.input_length <= n.saturating_mul(block)
+            }
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(SimError::InconsistentRequest {
+                line,
+                input_length: self.input_length,
+                blocks: self.hash_ids.len(),
+            })
+        }
+    }
+}
+
+/// A parsed, checked request trace, in file order.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Trace {
+    requests: Vec<TraceRequest>,
+}
+
+impl Trace {
+    /// Checks in-memory requests and makes a trace of them.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::EmptyTrace`] for no requests, or
+    /// [`SimError::InconsistentRequest`] (with the request's 1-based index as
+    /// its line) when `hash_ids` do not cover `input_length`.
+    pub fn from_requests(requests: Vec<TraceRequest>) -> Result<Self, SimError> {
+        if requests.is_empty() {
+            return Err(SimError::EmptyTrace);
+        }
+        for (index, request) in requests.iter().enumerate() {
+            request.check(index + 1)?;
+        }
+        Ok(Self { requests })
+    }
+
+    /// Parses JSONL text, one request per non-blank line.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::MalformedLine`] or [`SimError::InconsistentRequest`] with
+    /// the 1-based line number, or [`SimError::EmptyTrace`].
+    pub fn from_jsonl(text: &str) -> Result<Self, SimError> {
+        Self::parse(text, &mut NoProgress)
+    }
+
+    /// Reads and parses a JSONL trace file.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::TraceNotFound`], [`SimError::ReadTrace`], and the parse
+    /// errors of [`from_jsonl`](Self::from_jsonl).
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, SimError> {
+        Self::from_path_with_progress(path, &mut NoProgress)
+    }
+
+    /// Like [`from_path`](Self::from_path), reporting parsed bytes to
+    /// `progress`.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_path`](Self::from_path).
+    #[instrument(level = "debug", skip_all, fields(path = %path.as_ref().display()))]
+    pub fn from_path_with_progress(
+        path: impl AsRef<Path>,
+        progress: &mut dyn Progress,
+    ) -> Result<Self, SimError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => SimError::TraceNotFound {
+                path: path.to_owned(),
+            },
+            _ => SimError::ReadTrace {
+                path: path.to_owned(),
+                source,
+            },
+        })?;
+        Self::parse(&text, progress)
+    }
+
+    /// The embedded default trace ([`CONVERSATION_EXCERPT`]).
+    ///
+    /// # Errors
+    ///
+    /// None in practice (the excerpt is checked by this crate's tests); the
+    /// parse errors of [`from_jsonl`](Self::from_jsonl) otherwise.
+    pub fn conversation_excerpt() -> Result<Self, SimError> {
+        Self::from_jsonl(CONVERSATION_EXCERPT)
+    }
+
+    fn parse(text: &str, progress: &mut dyn Progress) -> Result<Self, SimError> {
+        // Report progress every this many bytes: often enough for a smooth
+        // bar, rarely enough to cost nothing.
+        const REPORT_EVERY: usize = 1 << 18;
+        progress.start("parsing", text.len() as u64);
+        let mut requests = Vec::with_capacity(text.len() / 128);
+        let (mut parsed, mut reported) = (0usize, 0usize);
+        for (index, raw) in text.split_inclusive('\n').enumerate() {
+            parsed += raw.len();
+            if parsed - reported >= REPORT_EVERY {
+                progress.advance((parsed - reported) as u64);
+                reported = parsed;
+            }
+            let line = index + 1;
+            let raw = raw.trim();
+            if raw.is_empty() {
+                continue;
+            }
+            let request: TraceRequest =
+                serde_json::from_str(raw).map_err(|err| malformed(line, &err))?;
+            request.check(line)?;
+            requests.push(request);
+        }
+        progress.advance((parsed - reported) as u64);
+        progress.finish();
+        if requests.is_empty() {
+            return Err(SimError::EmptyTrace);
+        }
+        Ok(Self { requests })
+    }
+
+    /// The requests in file order.
+    pub fn requests(&self) -> &[TraceRequest] {
+        &self.requests
+    }
+
+    /// Number of requests (never zero).
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Always false: a trace has at least one request. Here for the
+    /// `len`/`is_empty` convention.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Totals and means over the whole trace.
+    pub fn summary(&self) -> TraceSummary {
+        let mut summary = TraceSummary {
+            requests: self.requests.len() as u64,
+            input_tokens: 0,
+            output_tokens: 0,
+            trace_blocks: 0,
+            duration_ms: 0,
+        };
+        let (mut first, mut last) = (u64::MAX, 0);
+        for request in &self.requests {
+            summary.input_tokens += request.input_length;
+            summary.output_tokens += request.output_length;
+            summary.trace_blocks += request.hash_ids.len() as u64;
+            first = first.min(request.timestamp);
+            last = last.max(request.timestamp);
+        }
+        summary.duration_ms = last.saturating_sub(first);
+        summary
+    }
+}
+
+/// The JSON parser's message without its "at line 1 column N" suffix, which
+/// would be misleading: each trace line is parsed on its own.
+fn malformed(line: usize, err: &serde_json::Error) -> SimError {
+    let message = err.to_string();
+    let suffix = format!(" at line {} column {}", err.line(), err.column());
+    let reason = message.strip_suffix(&suffix).unwrap_or(&message).to_owned();
+    SimError::MalformedLine {
+        line,
+        column: err.column(),
+        reason,
+    }
+}
+
+impl fmt::Debug for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Trace")
+            .field("requests", &self.requests.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Totals and means of a [`Trace`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TraceSummary {
+    /// Requests in the trace.
+    pub requests: u64,
+    /// Prompt tokens over all requests.
+    pub input_tokens: u64,
+    /// Generated tokens over all requests.
+    pub output_tokens: u64,
+    /// `hash_ids` entries (512-token blocks) over all requests.
+    pub trace_blocks: u64,
+    /// Time from the first to the last arrival.
+    pub duration_ms: u64,
+}
+
+impl TraceSummary {
+    /// Mean prompt length in tokens.
+    pub fn mean_input_tokens(&self) -> f64 {
+        ratio(self.input_tokens, self.requests)
+    }
+
+    /// Mean generated length in tokens.
+    pub fn mean_output_tokens(&self) -> f64 {
+        ratio(self.output_tokens, self.requests)
+    }
+}
+
+/// `numerator / denominator`, 0 for an empty denominator.
+pub(crate) fn ratio(numerator: u64, denominator: u64) -> f64 {
+    if denominator == 0 {
+        0.0
+    } else {
+        numerator as f64 / denominator as f64
+    }
+}
+
+#[cfg(test)]
+mod tests;
