@@ -166,6 +166,8 @@ use crate::{BlockSequence, LogicalBlockAssignments, Salt, SequenceError};
 ///   then [`allocate_blocks`](Self::allocate_blocks) (all or nothing);
 /// - revert it: [`release_unassigned`](Self::release_unassigned) (LIFO) or
 ///   [`drop_excess_unassigned`](Self::drop_excess_unassigned);
+/// - give back what rejected drafts no longer need:
+///   [`release_unassigned_beyond`](Self::release_unassigned_beyond);
 /// - roll back rejected draft tokens: [`truncate`](Self::truncate);
 /// - append a batch of accepted tokens: [`append_tokens`](Self::append_tokens).
 ///
@@ -353,6 +355,15 @@ impl<M> RequestSequence<M> {
     /// Returns how many were released.
     pub fn drop_excess_unassigned(&mut self, keep: usize) -> usize {
         let excess = self.assignments.unassigned_count().saturating_sub(keep);
+        self.release_unassigned(excess)
+    }
+
+    /// Releases unassigned blocks (LIFO) that covering the first
+    /// `num_tokens` token positions does not need: after rejected draft
+    /// tokens, say. Returns how many were released.
+    pub fn release_unassigned_beyond(&mut self, num_tokens: usize) -> usize {
+        let needed = num_tokens.div_ceil(self.block_size());
+        let excess = self.assignments.len().saturating_sub(needed);
         self.release_unassigned(excess)
     }
 

@@ -1,1 +1,364 @@
-//! Unit tests.
+//! Unit tests for [`LogicalBlockAssignments`]: the three lists, the prefix
+//! invariant, and what every refusal leaves behind.
+
+use kvbm_blocks::{BlockError, BlockId, BlockManager, ImmutableBlocks};
+
+use super::LogicalBlockAssignments;
+use crate::{BlockSequence, SequenceError};
+
+#[derive(Debug)]
+struct Gpu;
+
+const BS: usize = 4;
+
+fn manager(blocks: usize) -> BlockManager<Gpu> {
+    BlockManager::builder()
+        .block_count(blocks)
+        .block_size(BS)
+        .build()
+        .unwrap()
+}
+
+fn seq(first: u32, len: u32) -> BlockSequence {
+    BlockSequence::new((first..first + len).collect(), BS).unwrap()
+}
+
+fn counts(a: &LogicalBlockAssignments<Gpu>) -> (usize, usize, usize) {
+    (a.assigned_count(), a.staged_count(), a.unassigned_count())
+}
+
+/// Registers every full block of `sequence` in `manager` and returns them.
+fn registered(manager: &BlockManager<Gpu>, sequence: &BlockSequence) -> ImmutableBlocks<Gpu> {
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(manager.allocate_blocks(sequence.num_blocks()).unwrap());
+    a.stage(sequence, usize::MAX).unwrap();
+    a.register(manager).unwrap();
+    a.assigned().clone()
+}
+
+#[test]
+fn starts_empty() {
+    let a = LogicalBlockAssignments::<Gpu>::default();
+    assert!(a.is_empty());
+    assert_eq!((a.len(), counts(&a)), (0, (0, 0, 0)));
+    assert_eq!(a.block_ids().count(), 0);
+    assert!(a.is_consistent_with(&seq(0, 8)));
+    assert!(format!("{a:?}").contains("assigned: 0"));
+}
+
+#[test]
+fn stage_binds_unassigned_blocks_front_first_to_full_blocks_only() {
+    let m = manager(8);
+    let s = seq(0, 10); // two full blocks and a partial tail
+    let mut a = LogicalBlockAssignments::new();
+    let blocks = m.allocate_blocks(3).unwrap();
+    let ids: Vec<BlockId> = blocks.iter().map(|b| b.block_id()).collect();
+    a.extend_blocks(blocks);
+    assert_eq!(
+        a.unassigned().map(|b| b.block_id()).collect::<Vec<_>>(),
+        ids
+    );
+
+    assert_eq!(a.stage(&s, usize::MAX).unwrap(), 2);
+    assert_eq!(counts(&a), (0, 2, 1));
+    assert_eq!(a.staged()[0].sequence_hash(), s.sequence_hashes()[0]);
+    assert_eq!(a.staged()[1].sequence_hash(), s.sequence_hashes()[1]);
+    assert_eq!(a.block_ids().collect::<Vec<_>>(), ids, "page order kept");
+    assert_eq!(a.stage(&s, usize::MAX).unwrap(), 0, "nothing left to stage");
+    assert!(a.is_consistent_with(&s));
+}
+
+#[test]
+fn stage_stops_at_the_limit_and_when_blocks_run_out() {
+    let m = manager(8);
+    let s = seq(0, 16); // four full blocks
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(3).unwrap());
+    assert_eq!(a.stage(&s, 1).unwrap(), 1);
+    assert_eq!(a.stage(&s, 1).unwrap(), 0, "block 1 is past the limit");
+    assert_eq!(
+        a.stage(&s, 0).unwrap(),
+        0,
+        "a limit below the staged prefix stages nothing"
+    );
+    assert_eq!(a.stage(&s, usize::MAX).unwrap(), 2, "only two blocks left");
+    assert_eq!(counts(&a), (0, 3, 0));
+    assert!(a.is_consistent_with(&s));
+}
+
+#[test]
+fn register_publishes_staged_blocks_in_order() {
+    let m = manager(8);
+    let s = seq(0, 8);
+    let mut a = LogicalBlockAssignments::new();
+    assert_eq!(a.register(&m).unwrap(), 0, "nothing staged");
+    a.extend_blocks(m.allocate_blocks(2).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    assert_eq!(a.register(&m).unwrap(), 2);
+    assert_eq!(counts(&a), (2, 0, 0));
+    let hashes: Vec<_> = a.assigned().iter().map(|i| i.sequence_hash()).collect();
+    assert_eq!(hashes, s.sequence_hashes());
+    assert_eq!(m.match_blocks(s.sequence_hashes()).len(), 2);
+    assert!(a.is_consistent_with(&s));
+}
+
+#[test]
+fn register_deduplicates_against_the_cache() {
+    let m = manager(8);
+    let s = seq(0, 8);
+    let first = registered(&m, &s);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(2).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    a.register(&m).unwrap();
+    assert_eq!(
+        a.assigned().block_ids().collect::<Vec<_>>(),
+        first.block_ids().collect::<Vec<_>>(),
+        "the existing blocks come back, the new ones are freed"
+    );
+    drop((a, first));
+    let audit = m.audit().unwrap();
+    assert_eq!((audit.free_blocks, audit.inactive_blocks), (6, 2));
+}
+
+#[test]
+fn extend_assigned_accepts_exactly_the_next_blocks() {
+    let m = manager(8);
+    let s = seq(0, 12);
+    let cached = registered(&m, &s);
+    let mut a = LogicalBlockAssignments::new();
+    let first_two = m.match_blocks(&s.sequence_hashes()[..2]);
+    assert_eq!(a.extend_assigned(first_two, &s).unwrap(), 2);
+    let third = m.match_blocks(&s.sequence_hashes()[2..]);
+    assert_eq!(a.extend_assigned(third, &s).unwrap(), 1);
+    assert_eq!(a.extend_assigned(ImmutableBlocks::new(), &s).unwrap(), 0);
+    assert_eq!(counts(&a), (3, 0, 0));
+    assert!(a.is_consistent_with(&s));
+    drop(cached);
+}
+
+#[test]
+fn extend_assigned_refuses_blocks_that_are_not_the_prefix() {
+    let m = manager(12);
+    let s = seq(0, 8);
+    let other = seq(100, 8);
+    let longer = seq(0, 12);
+    registered(&m, &other);
+    registered(&m, &longer); // its first two blocks are s's
+
+    let mut a = LogicalBlockAssignments::new();
+    let wrong = m.match_blocks(other.sequence_hashes());
+    assert_eq!(
+        a.extend_assigned(wrong, &s).unwrap_err(),
+        SequenceError::MatchedHashMismatch {
+            position: 0,
+            expected: s.sequence_hashes()[0],
+            actual: other.sequence_hashes()[0],
+        }
+    );
+    let too_many = m.match_blocks(longer.sequence_hashes());
+    assert_eq!(
+        a.extend_assigned(too_many, &s).unwrap_err(),
+        SequenceError::MatchedBeyondSequence {
+            position: 0,
+            matched: 3,
+            full_blocks: 2
+        }
+    );
+    // Skipping block 0: block 1 offered at position 0.
+    let skipped = m.match_blocks(&s.sequence_hashes()[1..]);
+    assert!(matches!(
+        a.extend_assigned(skipped, &s),
+        Err(SequenceError::MatchedHashMismatch { position: 0, .. })
+    ));
+    assert!(a.is_empty());
+    let audit = m.audit().unwrap();
+    assert_eq!(audit.active_blocks, 0, "refused blocks are released");
+    assert_eq!(audit.inactive_blocks, 5);
+}
+
+#[test]
+fn extend_assigned_refuses_while_blocks_are_staged() {
+    let m = manager(8);
+    let s = seq(0, 8);
+    let cached = registered(&m, &s);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(1).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    let matched = m.match_blocks(s.sequence_hashes());
+    assert_eq!(
+        a.extend_assigned(matched, &s).unwrap_err(),
+        SequenceError::StagedBlocksPending { staged: 1 }
+    );
+    assert_eq!(counts(&a), (0, 1, 0));
+    drop(cached);
+}
+
+#[test]
+fn extend_assigned_refuses_blocks_of_another_manager() {
+    let (m1, m2) = (manager(8), manager(8));
+    let s = seq(0, 8);
+    registered(&m1, &s);
+    registered(&m2, &s);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
+        .unwrap();
+    let foreign = m2.match_blocks(&s.sequence_hashes()[1..]);
+    assert_eq!(
+        a.extend_assigned(foreign, &s).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    assert_eq!(counts(&a), (1, 0, 0));
+    assert_eq!(m2.audit().unwrap().active_blocks, 0);
+}
+
+#[test]
+fn stage_with_the_wrong_block_size_hands_the_block_back() {
+    let wide = BlockManager::<Gpu>::builder()
+        .block_count(4)
+        .block_size(8)
+        .build()
+        .unwrap();
+    let s = seq(0, 8);
+    let mut a = LogicalBlockAssignments::new();
+    let blocks = wide.allocate_blocks(2).unwrap();
+    let first = blocks[0].block_id();
+    a.extend_blocks(blocks);
+    assert_eq!(
+        a.stage(&s, usize::MAX).unwrap_err(),
+        SequenceError::Block(BlockError::TokenCountMismatch {
+            expected: 8,
+            actual: 4
+        })
+    );
+    assert_eq!(counts(&a), (0, 0, 2));
+    assert_eq!(a.unassigned().next().map(|b| b.block_id()), Some(first));
+}
+
+#[test]
+fn register_with_another_manager_keeps_the_blocks_staged() {
+    let (m1, m2) = (manager(4), manager(4));
+    let s = seq(0, 4);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m1.allocate_blocks(1).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    assert_eq!(
+        a.register(&m2).unwrap_err(),
+        SequenceError::Block(BlockError::ForeignManager)
+    );
+    assert_eq!(counts(&a), (0, 1, 0));
+    assert_eq!(a.register(&m1).unwrap(), 1);
+}
+
+#[test]
+fn register_into_an_assigned_prefix_of_another_manager_is_refused() {
+    let (m1, m2) = (manager(4), manager(4));
+    let s = seq(0, 8);
+    registered(&m1, &s);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
+        .unwrap();
+    a.extend_blocks(m2.allocate_blocks(1).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    assert_eq!(a.register(&m2).unwrap_err(), SequenceError::ForeignManager);
+    assert_eq!(counts(&a), (1, 0, 0));
+    assert!(a.is_consistent_with(&s));
+    let audit = m2.audit().unwrap();
+    assert_eq!(
+        (audit.held_blocks, audit.inactive_blocks),
+        (0, 1),
+        "cached in m2, not leaked"
+    );
+}
+
+#[test]
+fn pop_unassigned_is_lifo() {
+    let m = manager(4);
+    let mut a = LogicalBlockAssignments::new();
+    let blocks = m.allocate_blocks(3).unwrap();
+    let ids: Vec<BlockId> = blocks.iter().map(|b| b.block_id()).collect();
+    a.extend_blocks(blocks);
+    assert_eq!(a.pop_unassigned().map(|b| b.block_id()), Some(ids[2]));
+    assert_eq!(a.pop_unassigned().map(|b| b.block_id()), Some(ids[1]));
+    assert_eq!(a.unassigned_count(), 1);
+    assert_eq!(m.available_blocks(), 3, "popped blocks were dropped, freed");
+}
+
+#[test]
+fn truncate_releases_assigned_and_resets_staged_blocks_in_order() {
+    let m = manager(8);
+    let s = seq(0, 20); // five full blocks
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(6).unwrap());
+    a.stage(&s, 3).unwrap();
+    a.register(&m).unwrap();
+    a.stage(&s, usize::MAX).unwrap();
+    assert_eq!(counts(&a), (3, 2, 1));
+    let ids: Vec<BlockId> = a.block_ids().collect();
+
+    a.truncate(4); // the last staged block steps back
+    assert_eq!(counts(&a), (3, 1, 2));
+    assert_eq!(a.block_ids().collect::<Vec<_>>(), ids, "page order kept");
+
+    a.truncate(2); // an assigned block goes; every staged one steps back
+    assert_eq!(counts(&a), (2, 0, 3));
+    let mut expected = ids[..2].to_vec();
+    expected.extend_from_slice(&ids[3..]);
+    assert_eq!(a.block_ids().collect::<Vec<_>>(), expected);
+    assert_eq!(
+        m.metrics().inactive_blocks,
+        1,
+        "the released block stays cached"
+    );
+
+    a.truncate(10);
+    assert_eq!(counts(&a), (2, 0, 3), "truncating beyond is a no-op");
+    let mut short = s.clone();
+    short.truncate(9).unwrap();
+    assert!(a.is_consistent_with(&short));
+}
+
+#[test]
+fn clear_gives_everything_back() {
+    let m = manager(8);
+    let s = seq(0, 12);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(5).unwrap());
+    a.stage(&s, 2).unwrap();
+    a.register(&m).unwrap();
+    a.stage(&s, usize::MAX).unwrap();
+    assert_eq!(counts(&a), (2, 1, 2));
+    a.clear();
+    assert!(a.is_empty());
+    let audit = m.audit().unwrap();
+    assert_eq!(audit.in_use_blocks(), 0);
+    assert_eq!((audit.free_blocks, audit.inactive_blocks), (6, 2));
+}
+
+#[test]
+fn contains_and_block_ids_span_all_three_lists() {
+    let m = manager(8);
+    let s = seq(0, 8);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(3).unwrap());
+    a.stage(&s, 1).unwrap();
+    a.register(&m).unwrap();
+    a.stage(&s, usize::MAX).unwrap();
+    let ids: Vec<BlockId> = a.block_ids().collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(|&id| a.contains(id)));
+    let outsider = m.allocate_blocks(1).unwrap();
+    assert!(!a.contains(outsider[0].block_id()));
+}
+
+#[test]
+fn consistency_fails_against_another_sequence() {
+    let m = manager(8);
+    let s = seq(0, 8);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(2).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    assert!(a.is_consistent_with(&s));
+    assert!(!a.is_consistent_with(&seq(1, 8)), "other tokens");
+    assert!(!a.is_consistent_with(&seq(0, 7)), "fewer full blocks");
+}

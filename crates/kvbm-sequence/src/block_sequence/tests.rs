@@ -1,1 +1,176 @@
-//! Unit tests.
+//! Unit tests for [`BlockSequence`]: splitting, chaining, append, extend, truncate.
+
+use kvbm_blocks::SequenceHash;
+
+use super::BlockSequence;
+use crate::{Salt, SequenceError, block_hash, chain_hash};
+
+fn seq(len: u32, block_size: usize) -> BlockSequence {
+    BlockSequence::new((0..len).collect(), block_size).unwrap()
+}
+
+/// The hashes, computed the slow obvious way from the definition.
+fn reference_hashes(tokens: &[u32], block_size: usize, salt: Salt) -> Vec<SequenceHash> {
+    let mut hashes: Vec<SequenceHash> = Vec::new();
+    for block in tokens.chunks_exact(block_size) {
+        let next = match hashes.last() {
+            Some(parent) => parent.child(chain_hash(parent.value(), block_hash(block))),
+            None => SequenceHash::root(chain_hash(salt.get(), block_hash(block))),
+        };
+        hashes.push(next);
+    }
+    hashes
+}
+
+#[test]
+fn zero_block_size_is_an_error() {
+    assert_eq!(
+        BlockSequence::new(vec![1, 2, 3], 0).unwrap_err(),
+        SequenceError::ZeroBlockSize
+    );
+    assert_eq!(
+        BlockSequence::with_salt(vec![], 0, Salt::new(7)).unwrap_err(),
+        SequenceError::ZeroBlockSize
+    );
+}
+
+#[test]
+fn splits_into_full_blocks_and_a_partial_tail() {
+    let s = seq(10, 4);
+    assert_eq!(s.total_tokens(), 10);
+    assert_eq!(s.num_blocks(), 2);
+    assert_eq!(s.block_size(), 4);
+    assert_eq!(s.salt(), Salt::NONE);
+    assert!(!s.is_empty());
+    assert_eq!(s.block_tokens(0), Some(&[0, 1, 2, 3][..]));
+    assert_eq!(s.block_tokens(1), Some(&[4, 5, 6, 7][..]));
+    assert_eq!(s.block_tokens(2), None, "the tail is not a full block");
+    assert_eq!(s.partial_tokens(), &[8, 9]);
+    assert_eq!(s.tokens(), (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn empty_and_exact_multiples() {
+    let empty = seq(0, 4);
+    assert!(empty.is_empty());
+    assert_eq!((empty.num_blocks(), empty.partial_tokens()), (0, &[][..]));
+    let exact = seq(8, 4);
+    assert_eq!((exact.num_blocks(), exact.partial_tokens()), (2, &[][..]));
+}
+
+#[test]
+fn hashes_chain_from_the_salt_with_positions_and_parents() {
+    let salt = Salt::new(42);
+    let s = BlockSequence::with_salt((0..12).collect(), 4, salt).unwrap();
+    let hashes = s.sequence_hashes();
+    assert_eq!(hashes, reference_hashes(s.tokens(), 4, salt));
+    assert!(hashes[0].is_root());
+    for (i, pair) in hashes.windows(2).enumerate() {
+        assert_eq!(pair[1].parent(), Some(pair[0].value()));
+        assert_eq!(pair[1].position() as usize, i + 1);
+    }
+}
+
+#[test]
+fn same_tokens_in_another_block_hash_differently() {
+    // Blocks 0 and 1 hold the same tokens: their chained hashes still differ.
+    let s = BlockSequence::new(vec![7, 7, 7, 7], 2).unwrap();
+    assert_eq!(s.num_blocks(), 2);
+    assert_ne!(
+        s.sequence_hashes()[0].value(),
+        s.sequence_hashes()[1].value()
+    );
+}
+
+#[test]
+fn append_reports_the_block_it_completes() {
+    let mut s = seq(2, 3);
+    assert_eq!(s.append(2), Some(0));
+    assert_eq!(s.append(3), None);
+    assert_eq!(s.append(4), None);
+    assert_eq!(s.append(5), Some(1));
+    assert_eq!(s.sequence_hashes(), seq(6, 3).sequence_hashes());
+}
+
+#[test]
+fn block_size_one_completes_a_block_per_token() {
+    let mut s = seq(0, 1);
+    for token in 0..5 {
+        assert_eq!(s.append(token), Some(token as usize));
+    }
+    assert_eq!(s.num_blocks(), 5);
+    assert!(s.partial_tokens().is_empty());
+}
+
+#[test]
+fn extend_reports_the_range_of_completed_blocks() {
+    let mut s = seq(3, 4);
+    assert_eq!(s.extend(&[]), 0..0);
+    assert_eq!(s.extend(&[3]), 0..1);
+    assert_eq!(s.extend(&[4, 5]), 1..1, "no block completed");
+    assert_eq!(s.extend(&(6..16).collect::<Vec<_>>()), 1..4);
+    assert_eq!(s, seq(16, 4));
+}
+
+#[test]
+fn large_blocks_hash_the_same_as_their_definition() {
+    // Past 64 tokens a block is encoded on the heap, not the stack.
+    let tokens: Vec<u32> = (0..300).map(|t| t * 31 + 5).collect();
+    for block_size in [63, 64, 65, 128] {
+        let s = BlockSequence::new(tokens.clone(), block_size).unwrap();
+        assert_eq!(
+            s.sequence_hashes(),
+            reference_hashes(&tokens, block_size, Salt::NONE)
+        );
+    }
+}
+
+#[test]
+fn truncate_keeps_the_hashes_of_blocks_that_stay_full() {
+    let mut s = seq(14, 4);
+    let before = s.sequence_hashes().to_vec();
+    s.truncate(9).unwrap();
+    assert_eq!(s.total_tokens(), 9);
+    assert_eq!(s.sequence_hashes(), &before[..2]);
+    assert_eq!(s.partial_tokens(), &[8]);
+    s.truncate(8).unwrap();
+    assert_eq!((s.num_blocks(), s.partial_tokens()), (2, &[][..]));
+    s.truncate(7).unwrap();
+    assert_eq!(s.sequence_hashes(), &before[..1]);
+    s.truncate(0).unwrap();
+    assert!(s.is_empty() && s.sequence_hashes().is_empty());
+}
+
+#[test]
+fn truncate_past_the_end_is_an_error_and_changes_nothing() {
+    let mut s = seq(5, 4);
+    assert_eq!(
+        s.truncate(6).unwrap_err(),
+        SequenceError::TruncateOutOfRange {
+            len: 6,
+            min: 0,
+            max: 5
+        }
+    );
+    assert_eq!(s, seq(5, 4));
+    s.truncate(5).unwrap();
+    assert_eq!(s, seq(5, 4), "truncating to the current length is a no-op");
+}
+
+#[test]
+fn truncate_then_reappend_restores_the_hashes() {
+    let mut s = seq(20, 4);
+    let original = s.clone();
+    s.truncate(6).unwrap();
+    assert_eq!(s.extend(&(6..20).collect::<Vec<_>>()), 1..5);
+    assert_eq!(s, original);
+}
+
+#[test]
+fn debug_names_the_shape_not_every_token() {
+    let text = format!("{:?}", seq(10, 4));
+    assert!(
+        text.contains("total_tokens: 10") && text.contains("num_blocks: 2"),
+        "{text}"
+    );
+}
