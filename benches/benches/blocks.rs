@@ -99,23 +99,27 @@ mod peer {
 
 const CHAIN_LENGTHS: [usize; 3] = [8, 32, 128];
 
-/// `match_blocks` on an n-block chain that other handles keep pinned.
-fn match_held(c: &mut Criterion) {
-    let mut group = c.benchmark_group("match_held");
+/// `match_blocks` on an n-block chain that other handles keep pinned (`held`),
+/// or that sits in the cache (every iteration revives the chain and its drop
+/// caches it again).
+fn match_chain(c: &mut Criterion, group_name: &str, held: bool) {
+    let mut group = c.benchmark_group(group_name);
     for n in CHAIN_LENGTHS {
         group.throughput(Throughput::Elements(n as u64));
         let values = chain_values(&mut Xorshift::new(n as u64), n);
 
         let manager = ours::manager(n);
         let hashes = ours::hashes(&values);
-        let _held = ours::register(&manager, &hashes);
+        let pinned = ours::register(&manager, &hashes);
+        let _pinned = held.then_some(pinned);
         group.bench_with_input(BenchmarkId::new("kvbm", n), &n, |b, _| {
             b.iter(|| manager.match_blocks(black_box(&hashes)))
         });
 
         let manager = peer::manager(n);
         let hashes = peer::hashes(&values);
-        let _held = peer::register(&manager, &hashes);
+        let pinned = peer::register(&manager, &hashes);
+        let _pinned = held.then_some(pinned);
         group.bench_with_input(BenchmarkId::new("kvbm-logical", n), &n, |b, _| {
             b.iter(|| manager.match_blocks(black_box(&hashes)))
         });
@@ -123,29 +127,12 @@ fn match_held(c: &mut Criterion) {
     group.finish();
 }
 
-/// `match_blocks` on an n-block chain sitting in the cache: every iteration
-/// revives the chain and its drop caches it again.
+fn match_held(c: &mut Criterion) {
+    match_chain(c, "match_held", true);
+}
+
 fn match_cached(c: &mut Criterion) {
-    let mut group = c.benchmark_group("match_cached");
-    for n in CHAIN_LENGTHS {
-        group.throughput(Throughput::Elements(n as u64));
-        let values = chain_values(&mut Xorshift::new(n as u64), n);
-
-        let manager = ours::manager(n);
-        let hashes = ours::hashes(&values);
-        drop(ours::register(&manager, &hashes));
-        group.bench_with_input(BenchmarkId::new("kvbm", n), &n, |b, _| {
-            b.iter(|| manager.match_blocks(black_box(&hashes)))
-        });
-
-        let manager = peer::manager(n);
-        let hashes = peer::hashes(&values);
-        drop(peer::register(&manager, &hashes));
-        group.bench_with_input(BenchmarkId::new("kvbm-logical", n), &n, |b, _| {
-            b.iter(|| manager.match_blocks(black_box(&hashes)))
-        });
-    }
-    group.finish();
+    match_chain(c, "match_cached", false);
 }
 
 /// allocate 32 → stage → register → drop, with fresh hashes every iteration
