@@ -66,14 +66,15 @@ pub enum Aging {
     #[default]
     Strict,
     /// Priority as a head start measured in arrivals: each priority step is
-    /// worth `w` later arrivals. A request can be overtaken by at most
-    /// `3 × w` requests that arrive after it (fewer the higher its priority),
-    /// so nothing starves. `Window(0)` is plain FIFO.
+    /// worth `w` arrivals. A request `s` steps below `Critical` is overtaken by
+    /// at most `s × w` requests that arrive after it (so `Low` by at most
+    /// `3 × w`, `Critical` by none), so nothing starves. `Window(0)` is plain
+    /// FIFO.
     Window(u64),
 }
 
 impl Aging {
-    /// The rank half of a request's service key `(rank, seq)`; smaller first.
+    /// The first part of a request's service key `(rank, priority, seq)`; smaller first.
     pub(crate) fn rank(self, priority: Priority, seq: u64) -> u64 {
         match self {
             Aging::Strict => priority.steps_below_max(),

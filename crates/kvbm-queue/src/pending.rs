@@ -1,8 +1,8 @@
 //! [`Pending`]: the queued requests in service order, indexed by id.
 //!
 //! One intrusive doubly linked list per priority, threaded through a slab,
-//! plus an id → slot index. Within one priority both parts of the service key
-//! `(rank, seq)` grow with `seq` (for either [`Aging`](crate::Aging) policy),
+//! plus an id → slot index. Within one priority the service key
+//! `(rank, priority, seq)` grows with `seq` (for either [`Aging`](crate::Aging) policy),
 //! so each list is sorted by arrival and the next request overall is the
 //! smallest of four list heads. That makes enqueue, dequeue, remove and
 //! cancel O(1) (plus one hash operation), and removal is real: the node is
@@ -28,7 +28,7 @@ pub(crate) struct Entry<R: Request> {
     pub(crate) priority: Priority,
     /// Arrival number, unique per queue, never reused.
     pub(crate) seq: u64,
-    /// The first half of the service key `(rank, seq)`; smaller is served first.
+    /// The first part of the service key `(rank, priority, seq)`; smaller first.
     pub(crate) rank: u64,
     /// KV blocks this request costs.
     pub(crate) blocks: u64,
@@ -37,8 +37,10 @@ pub(crate) struct Entry<R: Request> {
 }
 
 impl<R: Request> Entry<R> {
-    fn key(&self) -> (u64, u64) {
-        (self.rank, self.seq)
+    /// Service order: rank, then the more urgent priority on a tie (so an
+    /// aging window's bound is exact), then arrival.
+    fn key(&self) -> (u64, u64, u64) {
+        (self.rank, self.priority.steps_below_max(), self.seq)
     }
 }
 

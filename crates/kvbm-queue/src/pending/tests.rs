@@ -62,7 +62,7 @@ fn op() -> impl Strategy<Value = Op> {
 type Model = Vec<(u8, Priority, u64)>;
 
 fn sort(model: &mut Model, aging: Aging) {
-    model.sort_by_key(|&(_, p, seq)| (aging.rank(p, seq), seq));
+    model.sort_by_key(|&(_, p, seq)| (aging.rank(p, seq), p.steps_below_max(), seq));
 }
 
 fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {

@@ -1,1 +1,81 @@
-//! Integration tests for kvbm-queue.
+//! Integration tests for kvbm-queue: the C# spec's testing requirements, one
+//! test per defect of the spec (named after it), selection policies, a
+//! model-based proptest, a multi-thread stress test and auto traits (tracing
+//! events are checked in their own binary, `tests/events.rs`).
+
+mod defects;
+mod model;
+mod select;
+mod send_sync;
+mod spec;
+mod stress;
+
+use kvbm_queue::{Priority, QueueConfig, Request, RequestQueue};
+
+/// A plain request. With the default 16-token blocks and `max_new: 0`, its
+/// cost is `ceil(prompt / 16)` blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Req {
+    pub(crate) id: u32,
+    pub(crate) priority: Priority,
+    pub(crate) prompt: u32,
+    pub(crate) max_new: u32,
+}
+
+impl Request for Req {
+    type Id = u32;
+    fn id(&self) -> u32 {
+        self.id
+    }
+    fn priority(&self) -> Priority {
+        self.priority
+    }
+    fn prompt_tokens(&self) -> u32 {
+        self.prompt
+    }
+    fn max_new_tokens(&self) -> u32 {
+        self.max_new
+    }
+}
+
+/// A one-block request.
+pub(crate) fn req(id: u32, priority: Priority) -> Req {
+    sized(id, priority, 1)
+}
+
+/// A request of exactly `blocks` 16-token blocks.
+pub(crate) fn sized(id: u32, priority: Priority, blocks: u32) -> Req {
+    Req {
+        id,
+        priority,
+        prompt: 16 * blocks,
+        max_new: 0,
+    }
+}
+
+/// A queue of 16-token blocks over a pool of `pool` blocks.
+pub(crate) fn queue(pool: u64) -> RequestQueue<Req> {
+    with_config(QueueConfig::new(16, pool))
+}
+
+pub(crate) fn with_config(config: QueueConfig) -> RequestQueue<Req> {
+    match RequestQueue::new(config) {
+        Ok(queue) => queue,
+        Err(error) => panic!("test config rejected: {error}"),
+    }
+}
+
+/// Ids of everything `try_dequeue` hands out until the queue is empty.
+pub(crate) fn drain_ids(queue: &RequestQueue<Req>) -> Vec<u32> {
+    std::iter::from_fn(|| queue.try_dequeue().ok().map(|r| r.id)).collect()
+}
+
+/// Table-driven check: `f(input)` must equal `expect`.
+pub(crate) fn check<I: std::fmt::Debug + Copy, O: std::fmt::Debug + PartialEq>(
+    f: impl Fn(I) -> O,
+    cases: &[(I, O)],
+) {
+    for (input, expect) in cases {
+        assert_eq!(&f(*input), expect, "input: {input:?}");
+    }
+}
