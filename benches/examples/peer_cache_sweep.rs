@@ -207,7 +207,10 @@ fn main() -> Result<()> {
     {
         println!(
             "trace: {} ({} requests, block size {}), kvbm-logical duplicates: {:?}",
-            trace_path.map_or_else(|| "embedded excerpt".to_owned(), |p| p.display().to_string()),
+            trace_path.map_or_else(
+                || "embedded excerpt".to_owned(),
+                |p| p.display().to_string()
+            ),
             workload.len(),
             workload.block_size(),
             options.duplicates,

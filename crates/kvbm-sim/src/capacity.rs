@@ -112,3 +112,47 @@ impl fmt::Display for Capacity {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_parse_with_si_suffixes_exactly() {
+        for (text, count) in [
+            ("6000", 6000),
+            ("6k", 6000),
+            ("6K", 6000),
+            ("1.5M", 1_500_000),
+            ("1.1k", 1100),
+            ("2.50k", 2500),
+            ("2G", 2_000_000_000),
+            ("50_000", 50_000),
+            (" 7 ", 7),
+            ("0", 0),
+            ("1.000", 1),
+        ] {
+            assert_eq!(Capacity::parse_count(text).unwrap(), count, "{text}");
+        }
+        for text in [
+            "", "k", "-5", "1.5", "1.0005k", "abc", "1e3", "inf", "NaN", ".5k", "5kk",
+        ] {
+            assert!(
+                matches!(
+                    Capacity::parse_count(text),
+                    Err(SimError::InvalidCapacity { .. })
+                ),
+                "{text}"
+            );
+        }
+        assert!(Capacity::parse_count("99999999999999999999").is_err());
+        assert!(Capacity::parse_count("20000000000G").is_err());
+    }
+
+    #[test]
+    fn capacities_display_as_written() {
+        assert_eq!(Capacity::Blocks(6000).to_string(), "6000 blocks");
+        assert_eq!(Capacity::Tokens(3).to_string(), "3 tokens");
+        assert_eq!(Capacity::default().to_string(), "unbounded");
+    }
+}

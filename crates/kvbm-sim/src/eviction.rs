@@ -68,3 +68,22 @@ impl FromStr for Eviction {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_map_to_the_block_policies() {
+        for eviction in Eviction::ALL {
+            assert_eq!(eviction.name().parse::<Eviction>().unwrap(), eviction);
+            assert_eq!(eviction.to_string(), eviction.name());
+        }
+        assert_eq!("MLRU".parse::<Eviction>().unwrap(), Eviction::MultiLevel);
+        assert_eq!(Eviction::Lineage.policy(), EvictionPolicy::Lineage);
+        match "fifo".parse::<Eviction>() {
+            Err(SimError::UnknownEviction { name }) => assert_eq!(name, "fifo"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

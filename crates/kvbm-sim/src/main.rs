@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvbm_sim::{
-    CacheConfig, Capacity, Eviction, Progress, SimError, SweepConfig, Trace, Workload,
-};
+use kvbm_sim::{CacheConfig, Capacity, Eviction, Progress, SimError, SweepConfig, Trace, Workload};
 
 /// Replays Mooncake-format request traces through kvbm's block manager.
 ///
@@ -238,7 +236,12 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     let workload = Workload::new(&loaded.trace, args.trace.block_size)?;
     let split_time = started.elapsed();
     let config = SweepConfig {
-        capacities: args.capacities.iter().copied().map(Capacity::Blocks).collect(),
+        capacities: args
+            .capacities
+            .iter()
+            .copied()
+            .map(Capacity::Blocks)
+            .collect(),
         evictions: args.evictions.clone(),
     };
     let sweep = kvbm_sim::sweep(&workload, &config, progress)?;

@@ -30,7 +30,10 @@ fn short_tokens(tokens: f64) -> String {
         (tokens, "")
     };
     let text = format!("{value:.1}");
-    format!("{}{suffix}", text.trim_end_matches('0').trim_end_matches('.'))
+    format!(
+        "{}{suffix}",
+        text.trim_end_matches('0').trim_end_matches('.')
+    )
 }
 
 fn plot_error(err: impl std::fmt::Display) -> SimError {
@@ -46,7 +49,11 @@ pub(crate) fn hit_rate_svg(sweep: &Sweep) -> Result<String, SimError> {
         .map(|run| run.capacity_tokens() as f64)
         .chain([sweep.unbounded.capacity_tokens() as f64])
         .collect();
-    let lowest = tokens.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
+    let lowest = tokens
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .max(1.0);
     let highest = tokens.iter().copied().fold(1.0, f64::max);
     let top = sweep
         .runs

@@ -157,7 +157,11 @@ impl Sweep {
             let _ = writeln!(
                 csv,
                 "{},{},{},{},{},{},{},{},{:.6},{},{},{:.6},{},{}",
-                if run.unbounded { "none" } else { run.eviction.name() },
+                if run.unbounded {
+                    "none"
+                } else {
+                    run.eviction.name()
+                },
                 run.unbounded,
                 run.block_size,
                 run.capacity_blocks,
@@ -191,10 +195,9 @@ impl Sweep {
             let tokens = (blocks as u64).saturating_mul(self.unbounded.block_size as u64);
             let _ = write!(table, "| {} | {} |", group(blocks as u64), group(tokens));
             for &eviction in &evictions {
-                let cell = self.run(eviction, blocks).map_or_else(
-                    || "–".to_owned(),
-                    |run| percent(run.hits.block_hit_rate()),
-                );
+                let cell = self
+                    .run(eviction, blocks)
+                    .map_or_else(|| "–".to_owned(), |run| percent(run.hits.block_hit_rate()));
                 let _ = write!(table, " {cell} |");
             }
             table.push('\n');

@@ -27,7 +27,9 @@ use serde_json::json;
 use tracing::instrument;
 
 use crate::format::{group, percent};
-use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Workload, WorkloadRequest};
+use crate::{
+    Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Workload, WorkloadRequest,
+};
 
 /// Requests between two progress reports.
 const PROGRESS_EVERY: u64 = 256;
@@ -197,11 +199,10 @@ impl CacheSim {
                 .map_err(BlockError::from)?;
             held.append(stored).map_err(BlockError::from)?;
         }
-        // Deepest first: each truncate releases one block, so the LRU order
-        // puts a chain's end before the prefix other chains still share.
-        for len in (0..held.len()).rev() {
-            held.truncate(len);
-        }
+        // Dropping the batch releases it under one lock, last block first:
+        // the deepest block becomes evictable before the prefix other chains
+        // may still share (ImmutableBlocks' documented release order).
+        drop(held);
         Ok(RequestOutcome {
             hit_blocks,
             stored_blocks,

@@ -1,0 +1,151 @@
+//! kvbm-sim's cache-mode replay loop, kvbm beside kvbm-logical 1.6.1.
+//!
+//! Each iteration replays a whole workload through a fresh, empty cache
+//! (built in the untimed setup): match, allocate with eviction, stage,
+//! register, release tail first, for every request. Parsing the trace and
+//! splitting it into blocks happen once, outside the timing; the
+//! `sim_trace_load` group times them separately.
+//!
+//! Workloads: kvbm-sim's embedded excerpt (500 requests) always, and the
+//! full Mooncake conversation trace (12,031 requests) when it is present at
+//! `../shared/traces/conversation_trace.jsonl` beside the workspace root and
+//! the run is a real `cargo bench` (the `cargo test --benches` smoke run
+//! stays quick on the excerpt alone).
+//!
+//! ```text
+//! cargo bench -p kvbm-benches --bench sim
+//! ```
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvbm_benches::is_smoke_test;
+use kvbm_sim::{CacheSim, Eviction, Trace, Workload};
+
+#[path = "../examples/peer_cache_sweep.rs"]
+#[allow(dead_code)] // the example's `main` and option parsing
+mod peer;
+
+use kvbm_logical::blocks::BlockDuplicationPolicy;
+
+const BLOCK_SIZE: usize = 512;
+/// The Mooncake paper's smallest cache: 6,000 blocks of 512 tokens = 3M tokens.
+const CAPACITY_BLOCKS: usize = 6_000;
+
+/// A workload to replay, with what the peer needs of it.
+struct Case {
+    name: &'static str,
+    trace: Option<std::path::PathBuf>,
+    workload: Workload,
+    peer_requests: Vec<Vec<kvbm_logical::SequenceHash>>,
+    distinct_blocks: usize,
+}
+
+fn cases() -> Vec<Case> {
+    let mut traces: Vec<(&'static str, Option<std::path::PathBuf>)> = vec![("excerpt", None)];
+    let full = peer::default_trace_path();
+    if !is_smoke_test() && full.exists() {
+        traces.push(("conversation", Some(full)));
+    }
+    traces
+        .into_iter()
+        .filter_map(|(name, path)| {
+            let trace = match &path {
+                Some(path) => Trace::from_path(path),
+                None => Trace::conversation_excerpt(),
+            };
+            let workload = trace.and_then(|trace| Workload::new(&trace, BLOCK_SIZE));
+            match workload {
+                Ok(workload) => Some(Case {
+                    name,
+                    trace: path,
+                    peer_requests: peer::logical_hashes(&workload),
+                    distinct_blocks: workload.distinct_blocks(),
+                    workload,
+                }),
+                Err(err) => {
+                    eprintln!("skipping the {name} trace: {err}");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+fn replay_kvbm(sim: &mut CacheSim, workload: &Workload) -> u64 {
+    for request in workload.requests() {
+        if let Err(err) = sim.replay_request(&request) {
+            panic!("kvbm replay failed: {err}");
+        }
+    }
+    sim.hits().hit_blocks
+}
+
+fn bench_replay(c: &mut Criterion, cases: &[Case], label: &str, capacity: impl Fn(&Case) -> usize) {
+    let mut group = c.benchmark_group(format!("sim_cache_replay_{label}"));
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_millis(500));
+    for case in cases {
+        let blocks = capacity(case);
+        group.throughput(Throughput::Elements(case.workload.len() as u64));
+        group.bench_function(BenchmarkId::new("kvbm", case.name), |b| {
+            b.iter_batched(
+                || CacheSim::new(BLOCK_SIZE, blocks, Eviction::Lru).expect("cache"),
+                |mut sim| black_box(replay_kvbm(&mut sim, &case.workload)),
+                BatchSize::PerIteration,
+            );
+        });
+        group.bench_function(BenchmarkId::new("kvbm-logical", case.name), |b| {
+            b.iter_batched(
+                || {
+                    peer::logical_manager(
+                        blocks,
+                        BLOCK_SIZE,
+                        Eviction::Lru,
+                        BlockDuplicationPolicy::Allow,
+                    )
+                    .expect("kvbm-logical pool")
+                },
+                |manager| {
+                    let report = peer::replay_logical(&manager, &case.peer_requests)
+                        .expect("kvbm-logical replay");
+                    black_box(report.hit_blocks)
+                },
+                BatchSize::PerIteration,
+            );
+        });
+    }
+    group.finish();
+}
+
+fn bench_cache_replay(c: &mut Criterion) {
+    let cases = cases();
+    bench_replay(c, &cases, "lru_6k", |_| CAPACITY_BLOCKS);
+    // Unbounded: room for every distinct block, so nothing is evicted.
+    bench_replay(c, &cases, "unbounded", |case| case.distinct_blocks);
+
+    // What the replay numbers leave out: reading the JSONL and splitting it.
+    let mut group = c.benchmark_group("sim_trace_load");
+    group.sample_size(10);
+    for case in &cases {
+        group.throughput(Throughput::Elements(case.workload.len() as u64));
+        group.bench_function(BenchmarkId::new("parse", case.name), |b| {
+            b.iter(|| match &case.trace {
+                Some(path) => Trace::from_path(path).expect("trace"),
+                None => Trace::conversation_excerpt().expect("excerpt"),
+            });
+        });
+        let trace = match &case.trace {
+            Some(path) => Trace::from_path(path).expect("trace"),
+            None => Trace::conversation_excerpt().expect("excerpt"),
+        };
+        group.bench_function(BenchmarkId::new("split", case.name), |b| {
+            b.iter(|| Workload::new(black_box(&trace), BLOCK_SIZE).expect("workload"));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_cache_replay);
+criterion_main!(benches);

@@ -1,0 +1,220 @@
+//! The `kvbm-sim` binary end to end: exit codes, stdout, stderr.
+
+use std::process::{Command, Output};
+
+use crate::Scratch;
+
+fn kvbm_sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvbm-sim"))
+        .args(args)
+        .output()
+        .expect("run kvbm-sim")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs and expects failure with exit code 1 and `message` on stderr.
+fn fails_with(args: &[&str], message: &str) {
+    let output = kvbm_sim(args);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{args:?}: {}",
+        stderr(&output)
+    );
+    let err = stderr(&output);
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(message), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn no_arguments_summarize_the_embedded_excerpt() {
+    let output = kvbm_sim(&[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    for expected in [
+        "trace: embedded excerpt of the Mooncake conversation trace",
+        "500 requests over 165.0 s",
+        "capacity unbounded (11,879 blocks), eviction lru",
+        "14,162",
+        "2,283",
+        "1,167,589",
+        "16.12%",
+        "16.39%",
+        "evictions 0, preemptions 0",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    // Not a terminal: no progress bar on stderr.
+    assert!(output.stderr.is_empty(), "{}", stderr(&output));
+}
+
+#[test]
+fn cache_json_is_one_object_with_the_documented_fields() {
+    let output = kvbm_sim(&[
+        "cache",
+        "--capacity-blocks",
+        "1k",
+        "--eviction",
+        "lineage",
+        "--block-size",
+        "256",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert_eq!(text.lines().count(), 1);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["mode"], "cache");
+    assert_eq!(json["requests"], 500);
+    assert_eq!(json["input_tokens"], 7_124_855);
+    assert_eq!(json["preemptions"], 0);
+    assert_eq!(json["capacity_blocks"], 1000);
+    assert_eq!(json["block_size"], 256);
+    assert_eq!(json["eviction"], "lineage");
+    for field in ["input_blocks", "hit_blocks", "hit_tokens", "evictions"] {
+        assert!(json[field].as_u64().is_some(), "{field}");
+    }
+    assert!(json["evictions"].as_u64().unwrap() > 0);
+    // Same run through the library.
+    let trace = kvbm_sim::Trace::conversation_excerpt().unwrap();
+    let workload = kvbm_sim::Workload::new(&trace, 256).unwrap();
+    let report = kvbm_sim::CacheConfig::new(
+        kvbm_sim::Capacity::Blocks(1000),
+        kvbm_sim::Eviction::Lineage,
+    )
+    .run(&workload)
+    .unwrap();
+    assert_eq!(json["hit_blocks"], report.hits.hit_blocks);
+}
+
+#[test]
+fn capacity_in_tokens_and_a_trace_file() {
+    let scratch = Scratch::new("cli-trace");
+    let path = scratch.file(
+        "trace.jsonl",
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, 2]}\n",
+    );
+    let path = path.to_str().unwrap();
+    let output = kvbm_sim(&[
+        "cache",
+        "--trace",
+        path,
+        "--capacity-tokens",
+        "1024",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(json["capacity_blocks"], 2);
+    assert_eq!(json["hit_blocks"], 2);
+    // Capped at the request's 1000 tokens.
+    assert_eq!(json["hit_tokens"], 1000);
+    assert_eq!(json["trace"], path);
+}
+
+#[test]
+fn errors_are_one_clear_line_and_exit_code_1() {
+    let scratch = Scratch::new("cli-errors");
+    let missing = scratch.0.join("missing.jsonl");
+    fails_with(
+        &["cache", "--trace", missing.to_str().unwrap()],
+        "trace file not found",
+    );
+    let malformed = scratch.file(
+        "bad.jsonl",
+        "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{oops\n",
+    );
+    fails_with(
+        &["cache", "--trace", malformed.to_str().unwrap()],
+        "malformed trace line 2",
+    );
+    fails_with(
+        &["cache", "--capacity-blocks", "0"],
+        "cache capacity 0 blocks holds no 512-token block",
+    );
+    fails_with(
+        &["cache", "--capacity-tokens", "100"],
+        "cache capacity 100 tokens holds no 512-token block",
+    );
+    fails_with(
+        &["cache", "--block-size", "48"],
+        "block size 48 must divide",
+    );
+    fails_with(
+        &[
+            "sweep",
+            "--out",
+            scratch.0.to_str().unwrap(),
+            "--capacities",
+            "0",
+        ],
+        "holds no 512-token block",
+    );
+}
+
+#[test]
+fn usage_errors_exit_with_code_2() {
+    for args in [
+        &["cache", "--capacity-blocks", "5", "--unbounded"][..],
+        &["cache", "--capacity-blocks", "5", "--capacity-tokens", "5"],
+        &["cache", "--eviction", "fifo"],
+        &["cache", "--capacity-blocks", "lots"],
+        &["sweep"],
+        &["frobnicate"],
+    ] {
+        let output = kvbm_sim(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!stderr(&output).contains("panicked"));
+    }
+}
+
+#[test]
+fn sweep_writes_the_table_and_the_plot() {
+    let scratch = Scratch::new("cli-sweep");
+    let out = scratch.0.join("results");
+    let output = kvbm_sim(&[
+        "sweep",
+        "--capacities",
+        "1k,4k",
+        "--evictions",
+        "lru,multi-level",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("| capacity (blocks) | capacity (tokens) | lru | multi-level |"),
+        "{text}"
+    );
+    assert!(text.contains("| unbounded (11,879) |"), "{text}");
+    assert!(text.contains("5 replays in"), "{text}");
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 4 + 1);
+    assert!(
+        std::fs::read_to_string(out.join("sweep.md"))
+            .unwrap()
+            .contains("| 4,000 |")
+    );
+    assert!(
+        std::fs::read_to_string(out.join("sweep.svg"))
+            .unwrap()
+            .starts_with("<svg")
+    );
+}
