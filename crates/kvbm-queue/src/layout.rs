@@ -76,9 +76,9 @@ impl KvLayout {
         }
         let heads = self.num_kv_heads;
         let even = if tp_size <= heads {
-            heads % tp_size == 0
+            heads.is_multiple_of(tp_size)
         } else {
-            tp_size % heads == 0
+            tp_size.is_multiple_of(heads)
         };
         if !even {
             return Err(QueueError::TensorParallel {

@@ -232,7 +232,9 @@ impl<R: Request> RequestQueue<R> {
             waited = true;
         };
         // Leaving empty-handed while requests remain (only a cancelled token
-        // does that) may swallow a wake-up meant for them: pass it on.
+        // does that) may have absorbed a wake-up meant for them: pass it on.
+        // `WaitToken::cancel` wakes every waiter anyway, so this is a second
+        // line of defence that keeps the no-lost-wake-up rule local to here.
         let pass_on = waited && outcome.is_err() && !inner.pending.is_empty() && inner.waiters > 0;
         let len = inner.pending.len();
         drop(inner);

@@ -59,7 +59,7 @@ impl<R: Request> Shared<R> {
                 next_seq: 0,
                 closed: false,
                 waiters: 0,
-                clock: Clock::default(),
+                clock: Clock::new(),
                 stats: QueueStats::default(),
             }),
             not_empty: Condvar::new(),

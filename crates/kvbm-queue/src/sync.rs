@@ -67,10 +67,14 @@ mod clock {
     pub(crate) use std::time::Instant;
 
     /// Real time: a zero-sized handle on `Instant::now`.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub(crate) struct Clock;
 
     impl Clock {
+        pub(crate) fn new() -> Self {
+            Clock
+        }
+
         pub(crate) fn now(&self) -> Instant {
             Instant::now()
         }
@@ -86,9 +90,12 @@ mod clock {
     pub(crate) struct Instant(u64);
 
     impl Instant {
+        /// Saturates instead of failing: model time can reach its end (a
+        /// model thread advancing by `Duration::MAX`), and a deadline set
+        /// then must have passed, not mean "wait forever".
         pub(crate) fn checked_add(self, d: Duration) -> Option<Self> {
-            let nanos = u64::try_from(d.as_nanos()).ok()?;
-            self.0.checked_add(nanos).map(Self)
+            let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            Some(Self(self.0.saturating_add(nanos)))
         }
 
         pub(crate) fn saturating_duration_since(self, earlier: Self) -> Duration {
@@ -98,12 +105,16 @@ mod clock {
 
     /// Model time. It lives inside the queue's mutex, so reading it adds no
     /// interleavings of its own; it moves only when a model thread advances it.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub(crate) struct Clock {
         nanos: u64,
     }
 
     impl Clock {
+        pub(crate) fn new() -> Self {
+            Clock { nanos: 0 }
+        }
+
         pub(crate) fn now(&self) -> Instant {
             Instant(self.nanos)
         }
