@@ -336,16 +336,19 @@ impl Bar {
     }
 
     fn show(&self) -> ProgressBar {
-        // stderr() hides itself when stderr is not a terminal.
-        let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(
             "{msg:>10} [{bar:40}] {percent:>3}% {elapsed_precise} (eta {eta})",
         )
         .map(|style| style.progress_chars("=> "))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
-        bar.set_message(self.label.clone());
-        bar.set_position(self.position);
+        // Set up hidden, then shown, so the first frame is already right.
+        let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::hidden())
+            .with_style(style)
+            .with_message(self.label.clone())
+            .with_position(self.position)
+            .with_elapsed(self.started.elapsed());
+        // stderr() hides itself when stderr is not a terminal.
+        bar.set_draw_target(ProgressDrawTarget::stderr());
         bar
     }
 }

@@ -102,8 +102,12 @@ pub(crate) fn hit_rate_svg(sweep: &Sweep) -> Result<String, SimError> {
             .label(format!("unbounded ({ceiling:.2}%)"))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey.stroke_width(2)));
 
-        for eviction in sweep.evictions() {
+        // Later lines are drawn thinner on top of earlier ones, so policies
+        // with identical results (LRU and lineage often are) stay visible.
+        for (index, eviction) in sweep.evictions().into_iter().enumerate() {
             let colour = colour(eviction);
+            let width = 5u32.saturating_sub(index as u32).max(2);
+            let radius = width + 2;
             let points: Vec<(f64, f64)> = sweep
                 .runs
                 .iter()
@@ -116,17 +120,17 @@ pub(crate) fn hit_rate_svg(sweep: &Sweep) -> Result<String, SimError> {
                 })
                 .collect();
             chart
-                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(width)))
                 .map_err(plot_error)?
                 .label(eviction.name())
                 .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3))
                 });
             chart
                 .draw_series(
                     points
                         .into_iter()
-                        .map(|point| Circle::new(point, 4, colour.filled())),
+                        .map(|point| Circle::new(point, radius, colour.filled())),
                 )
                 .map_err(plot_error)?;
         }
