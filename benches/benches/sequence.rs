@@ -277,6 +277,10 @@ fn lifecycle_warm(c: &mut Criterion) {
 
         let manager = ours::manager(POOL_BLOCKS);
         drop(ours::lifecycle(&manager, prompt.clone()));
+        let probe = kvbm_sequence::RequestSequence::<ours::Gpu>::new(prompt.clone(), 0, BLOCK_SIZE)
+            .expect("block size");
+        let hits = probe.match_prefix(&manager).expect("same block size").len();
+        assert_eq!(hits, len / BLOCK_SIZE, "warm: the whole prompt is cached");
         group.bench_with_input(BenchmarkId::new("kvbm", len), &prompt, |b, prompt| {
             b.iter_batched(
                 || prompt.clone(),
@@ -287,6 +291,13 @@ fn lifecycle_warm(c: &mut Criterion) {
 
         let manager = peer::manager(POOL_BLOCKS);
         drop(peer::lifecycle(&manager, prompt.clone()));
+        let mut probe =
+            kvbm_logical::RequestSequence::<()>::new(prompt.clone(), 0, BLOCK_SIZE as u32);
+        let hits = probe
+            .match_and_add_prefix(&manager)
+            .expect("fresh sequence");
+        assert_eq!(hits, len / BLOCK_SIZE, "warm: the whole prompt is cached");
+        drop(probe);
         group.bench_with_input(
             BenchmarkId::new("kvbm-logical", len),
             &prompt,
