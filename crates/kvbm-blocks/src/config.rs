@@ -12,12 +12,13 @@ pub enum EvictionPolicy {
     #[default]
     Lru,
     /// Frequency-aware multi-level LRU (TinyLFU-style). A count-min sketch
-    /// (4 rows of 4-bit counters, halved every `10 × width` increments) counts
-    /// registrations and hits per hash, and remembers them across evictions.
-    /// A released block joins one of four LRU levels by its count (0–1, 2–3,
-    /// 4–7, 8+); eviction takes the coldest non-empty level's oldest block.
-    /// O(1) per operation: 4 sketch updates per hit, at most 4 list probes
-    /// per eviction, and the aging pass amortized over `10 × width` updates.
+    /// (4 rows of counts saturating at 15, 256 counters per pool block up to
+    /// 2 Mi, halved every `10 × width` increments) counts registrations and
+    /// hits per hash, and remembers them across evictions. A released block
+    /// joins one of four LRU levels by its count (0–2, 3–7, 8–14, 15);
+    /// eviction takes the coldest non-empty level's oldest block. O(1) per
+    /// operation: 4 sketch updates per hit, at most 4 list probes per
+    /// eviction, and the aging pass amortized over `10 × width` updates.
     MultiLevelLru,
     /// Lineage-aware: evicts leaves (blocks no registered block extends)
     /// before their parents, so shared prefixes outlive the suffixes that

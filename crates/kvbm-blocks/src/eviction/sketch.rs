@@ -27,9 +27,16 @@ pub(crate) struct FrequencySketch {
 }
 
 impl FrequencySketch {
-    /// A sketch sized for about `capacity` distinct hot keys.
+    /// A sketch for a pool of `capacity` blocks.
+    ///
+    /// The hashes worth remembering far outnumber the blocks (evicted ones
+    /// included), and absolute counts only separate hot from cold while the
+    /// sketch is sparse, so it is 256 counters wide per pool block, clamped
+    /// to 4 Ki..2 Mi (at most 8 MiB for the four rows). Measured on the
+    /// Mooncake conversation trace: a pool-sized sketch collided so much that
+    /// hit rates fell 3-8 points below plain LRU.
     pub(crate) fn new(capacity: usize) -> Self {
-        let width = capacity.max(64).next_power_of_two();
+        let width = capacity.saturating_mul(256).clamp(1 << 12, 1 << 21).next_power_of_two();
         Self {
             counts: vec![0; width * ROWS],
             mask: width - 1,
