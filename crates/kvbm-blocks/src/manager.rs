@@ -49,7 +49,7 @@ impl<M> BlockManager<M> {
         }
     }
 
-    fn owns(&self, shared: &Arc<Shared>) -> bool {
+    pub(crate) fn owns(&self, shared: &Arc<Shared>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
 

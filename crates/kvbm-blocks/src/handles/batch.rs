@@ -8,7 +8,7 @@ use std::ops::Deref;
 use super::{BlockInfo, ImmutableBlock, WeakBlock};
 use crate::pool::Shared;
 use crate::sync::Arc;
-use crate::{BlockError, BlockId, Rejected};
+use crate::{BlockError, BlockId, BlockManager, Rejected};
 
 /// An ordered run of registered blocks, each pinned as by an
 /// [`ImmutableBlock`], such as a request's matched prefix or its block table.
@@ -69,6 +69,12 @@ impl<M> ImmutableBlocks<M> {
         self.shared
             .as_ref()
             .is_none_or(|shared| Arc::ptr_eq(shared, other))
+    }
+
+    /// Whether these blocks are registered in `manager` (or a clone of it).
+    /// An empty batch never attached to a manager belongs to every manager.
+    pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
+        self.shared.as_ref().is_none_or(|shared| manager.owns(shared))
     }
 
     /// The block ids in order: the page table an attention kernel reads.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use super::lease::Lease;
-use crate::{BlockError, BlockId, Rejected, SequenceHash};
+use crate::{BlockError, BlockId, BlockManager, Rejected, SequenceHash};
 
 /// A freshly allocated block, empty as far as the pool knows.
 ///
@@ -32,6 +32,11 @@ impl<M> MutableBlock<M> {
     /// Tokens this block holds when full.
     pub fn block_size(&self) -> usize {
         self.lease.shared().block_size
+    }
+
+    /// Whether this block was allocated by `manager` (or a clone of it).
+    pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
+        manager.owns(self.lease.shared())
     }
 
     /// Marks the block full with the tokens identified by `hash`;
@@ -95,6 +100,11 @@ impl<M> CompleteBlock<M> {
     /// Tokens this block holds.
     pub fn block_size(&self) -> usize {
         self.lease.shared().block_size
+    }
+
+    /// Whether this block was allocated by `manager` (or a clone of it).
+    pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
+        manager.owns(self.lease.shared())
     }
 
     /// Takes the content back off: the block is mutable again, still ours.

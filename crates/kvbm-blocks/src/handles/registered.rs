@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use super::BlockInfo;
 use crate::pool::Shared;
 use crate::sync::Arc;
-use crate::{BlockId, SequenceHash};
+use crate::{BlockId, BlockManager, SequenceHash};
 
 /// A shared handle to one registered block: its KV content is final and any
 /// request may match it.
@@ -58,6 +58,11 @@ impl<M> ImmutableBlock<M> {
     /// Block id and hash together.
     pub fn info(&self) -> BlockInfo {
         self.info
+    }
+
+    /// Whether this block is registered in `manager` (or a clone of it).
+    pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
+        manager.owns(&self.shared)
     }
 
     /// A handle that does not keep the block alive.
@@ -115,6 +120,11 @@ impl<M> WeakBlock<M> {
     pub fn upgrade(&self) -> Option<ImmutableBlock<M>> {
         let live = self.shared.lock().upgrade(&self.info);
         live.then(|| ImmutableBlock::from_ref(self.shared.clone(), self.info))
+    }
+
+    /// Whether the block was registered in `manager` (or a clone of it).
+    pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
+        manager.owns(&self.shared)
     }
 
     /// The slot the block was in.

@@ -280,3 +280,22 @@ fn hand_made_sequential_hashes_all_stay_distinct_at_scale() {
     );
     drop((blocks, matched));
 }
+
+#[test]
+fn handles_know_which_manager_they_belong_to() {
+    let ours = manager(4);
+    let theirs = manager(4);
+    let mutable = ours.allocate_blocks(1).unwrap().pop().unwrap();
+    assert!(mutable.belongs_to(&ours) && mutable.belongs_to(&ours.clone()));
+    assert!(!mutable.belongs_to(&theirs));
+    let complete = mutable.stage(SequenceHash::root(1), BLOCK_SIZE).unwrap();
+    assert!(complete.belongs_to(&ours) && !complete.belongs_to(&theirs));
+    let single = ours.register_block(complete).unwrap();
+    assert!(single.belongs_to(&ours) && !single.belongs_to(&theirs));
+    let weak = single.downgrade();
+    assert!(weak.belongs_to(&ours) && !weak.belongs_to(&theirs));
+    let batch = kvbm_blocks::ImmutableBlocks::from(single);
+    assert!(batch.belongs_to(&ours) && !batch.belongs_to(&theirs));
+    let empty = kvbm_blocks::ImmutableBlocks::<Gpu>::new();
+    assert!(empty.belongs_to(&ours) && empty.belongs_to(&theirs), "unattached");
+}
