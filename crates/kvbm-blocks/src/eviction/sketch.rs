@@ -36,7 +36,10 @@ impl FrequencySketch {
     /// Mooncake conversation trace: a pool-sized sketch collided so much that
     /// hit rates fell 3-8 points below plain LRU.
     pub(crate) fn new(capacity: usize) -> Self {
-        let width = capacity.saturating_mul(256).clamp(1 << 12, 1 << 21).next_power_of_two();
+        let width = capacity
+            .saturating_mul(256)
+            .clamp(1 << 12, 1 << 21)
+            .next_power_of_two();
         Self {
             counts: vec![0; width * ROWS],
             mask: width - 1,

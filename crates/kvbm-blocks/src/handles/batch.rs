@@ -74,7 +74,9 @@ impl<M> ImmutableBlocks<M> {
     /// Whether these blocks are registered in `manager` (or a clone of it).
     /// An empty batch never attached to a manager belongs to every manager.
     pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
-        self.shared.as_ref().is_none_or(|shared| manager.owns(shared))
+        self.shared
+            .as_ref()
+            .is_none_or(|shared| manager.owns(shared))
     }
 
     /// The block ids in order: the page table an attention kernel reads.

@@ -297,5 +297,8 @@ fn handles_know_which_manager_they_belong_to() {
     let batch = kvbm_blocks::ImmutableBlocks::from(single);
     assert!(batch.belongs_to(&ours) && !batch.belongs_to(&theirs));
     let empty = kvbm_blocks::ImmutableBlocks::<Gpu>::new();
-    assert!(empty.belongs_to(&ours) && empty.belongs_to(&theirs), "unattached");
+    assert!(
+        empty.belongs_to(&ours) && empty.belongs_to(&theirs),
+        "unattached"
+    );
 }
