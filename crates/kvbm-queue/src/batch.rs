@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::pending::{Entry, Pending};
-use crate::{Priority, Request, Selection};
+use crate::{Priority, Request, Selection, Ticket};
 
 /// A request taken by [`select_batch`](crate::RequestQueue::select_batch),
 /// with the KV blocks it was charged and its place in the queue.
@@ -46,6 +46,14 @@ impl<R: Request> Admitted<R> {
     /// The arrival number that fixes its place among equal priorities.
     pub fn seq(&self) -> u64 {
         self.entry.seq
+    }
+
+    /// The request's ticket (the one `enqueue` returned).
+    pub fn ticket(&self) -> Ticket<R::Id> {
+        Ticket {
+            id: self.entry.id,
+            seq: self.entry.seq,
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! [`CancelHandle`], which cancels one queued request, and [`WaitToken`],
-//! which cancels a consumer's wait. Either can be used from any thread.
+//! [`Ticket`] and [`CancelHandle`], which cancel one queued request, and
+//! [`WaitToken`], which cancels a consumer's wait. All work from any thread.
 //!
 //! Neither registers anything inside the queue: cancelling *tells* the queue,
 //! and the queue runs no callbacks. So nothing is left behind when a handle or
@@ -13,20 +13,42 @@ use crate::Request;
 use crate::shared::Shared;
 use crate::sync::{Arc, AtomicBool, Ordering};
 
-/// Cancels one queued request. Returned by
-/// [`enqueue`](crate::RequestQueue::enqueue); cheap to clone and `Send` when
-/// the request is.
+/// Names one queued request: its id plus the arrival number that makes this
+/// instance unique. Returned by [`enqueue`](crate::RequestQueue::enqueue);
+/// plain data, so it is free to copy, store and send.
 ///
-/// The handle names the *instance* it was returned for (id plus arrival
-/// number): once that request has left the queue, cancelling is a no-op, even
-/// if a new request with the same id has been queued since. A request taken by
-/// `select_batch` and put back with `restore` is the same instance, so its
-/// handle works again.
+/// Cancelling through a ticket ([`RequestQueue::cancel`](crate::RequestQueue::cancel))
+/// acts only on that instance: once it has left the queue, the ticket is
+/// stale and does nothing, even if a new request with the same id has been
+/// queued since. A request taken by `select_batch` and put back with
+/// `restore` is the same instance, so its ticket works again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket<Id> {
+    pub(crate) id: Id,
+    pub(crate) seq: u64,
+}
+
+impl<Id: Copy> Ticket<Id> {
+    /// The request's id.
+    pub fn id(&self) -> Id {
+        self.id
+    }
+
+    /// The request's arrival number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// Cancels one queued request from any thread, on its own: a [`Ticket`]
+/// bundled with the queue. Made by
+/// [`RequestQueue::cancel_handle`](crate::RequestQueue::cancel_handle); cheap
+/// to clone and `Send` when the request is, so it can be moved into the task
+/// that watches the client's connection.
 ///
 /// The handle keeps the queue's shared state alive (not the other way round).
 pub struct CancelHandle<R: Request> {
-    pub(crate) id: R::Id,
-    pub(crate) seq: u64,
+    pub(crate) ticket: Ticket<R::Id>,
     pub(crate) shared: Arc<Shared<R>>,
 }
 
@@ -35,15 +57,7 @@ impl<R: Request> CancelHandle<R> {
     /// still queued; `None` if it already left (dequeued, selected, removed,
     /// cleared or cancelled).
     pub fn cancel(&self) -> Option<R> {
-        let mut inner = self.shared.lock();
-        let taken = inner.pending.remove_instance(self.id, self.seq);
-        if taken.is_some() {
-            inner.stats.cancelled += 1;
-        }
-        let len = inner.pending.len();
-        drop(inner);
-        tracing::debug!(id = ?self.id, seq = self.seq, found = taken.is_some(), len, "cancelled");
-        taken.map(|entry| entry.request)
+        self.shared.cancel(self.ticket)
     }
 
     /// Whether the request is still queued.
@@ -51,20 +65,19 @@ impl<R: Request> CancelHandle<R> {
         self.shared
             .lock()
             .pending
-            .contains_instance(self.id, self.seq)
+            .contains_instance(self.ticket.id, self.ticket.seq)
     }
 
-    /// The request's id.
-    pub fn id(&self) -> R::Id {
-        self.id
+    /// The ticket this handle cancels.
+    pub fn ticket(&self) -> Ticket<R::Id> {
+        self.ticket
     }
 }
 
 impl<R: Request> Clone for CancelHandle<R> {
     fn clone(&self) -> Self {
         Self {
-            id: self.id,
-            seq: self.seq,
+            ticket: self.ticket,
             shared: Arc::clone(&self.shared),
         }
     }
@@ -73,8 +86,7 @@ impl<R: Request> Clone for CancelHandle<R> {
 impl<R: Request> fmt::Debug for CancelHandle<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CancelHandle")
-            .field("id", &self.id)
-            .field("seq", &self.seq)
+            .field("ticket", &self.ticket)
             .finish_non_exhaustive()
     }
 }

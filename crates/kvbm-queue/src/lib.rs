@@ -20,8 +20,11 @@
 //!   waiter; what is left can still be drained. Empty, timed out, closed and
 //!   cancelled are distinct [`QueueError`]s.
 //! - **Cancellation.** [`enqueue`](RequestQueue::enqueue) returns a
-//!   [`CancelHandle`] that any thread can use; it removes the request at once
-//!   and registers nothing, so nothing leaks.
+//!   [`Ticket`] (plain data) naming that request;
+//!   [`cancel`](RequestQueue::cancel) or a [`CancelHandle`] made from it
+//!   removes the request at once from any thread. Nothing is registered, so
+//!   nothing leaks, and a stale ticket never hits a later request that reuses
+//!   the id.
 //! - **Admission.** [`select_batch`](RequestQueue::select_batch) takes, in
 //!   service order, the requests whose KV cost fits a block budget. A cost is
 //!   `ceil((prompt + generation reserve) / block_tokens)` blocks; budgets in
@@ -59,13 +62,14 @@
 //!
 //! queue.enqueue(prompt(1, Priority::Normal, 200))?; // 216 tokens: 14 blocks
 //! queue.enqueue(prompt(2, Priority::Critical, 100))?; // 8 blocks
-//! let doomed = queue.enqueue(prompt(3, Priority::Normal, 50))?;
+//! let ticket = queue.enqueue(prompt(3, Priority::Normal, 50))?;
 //! queue.enqueue(prompt(4, Priority::Low, 10))?;
 //! // Too big for the whole pool: refused now, not stuck at the head forever.
 //! let too_big = queue.enqueue(prompt(5, Priority::High, 5000)).unwrap_err();
 //! assert!(matches!(too_big.error(), QueueError::TooLarge { needed: 314, pool: 64 }));
 //!
 //! // A client disconnects: any thread can cancel its request.
+//! let doomed = queue.cancel_handle(ticket);
 //! thread::spawn(move || doomed.cancel()).join().unwrap();
 //! assert_eq!(queue.len(), 3);
 //!
@@ -115,7 +119,7 @@ mod sync;
 pub use batch::{Admitted, Batch};
 pub use config::{Aging, GenerationReserve, QueueConfig, Selection};
 pub use error::{QueueError, Rejected};
-pub use handles::{CancelHandle, WaitToken};
+pub use handles::{CancelHandle, Ticket, WaitToken};
 pub use layout::KvLayout;
 pub use queue::RequestQueue;
 pub use request::{Priority, Request};

@@ -8,7 +8,9 @@
 //! cancel O(1) (plus one hash operation), and removal is real: the node is
 //! unlinked and its slot freed at once, so nothing stale is ever skipped
 //! later. Only [`Pending::insert`] of a request older than the tail of its
-//! list (a restore) walks, from the head, past the requests still ahead of it.
+//! list (a restore) walks, past the requests still ahead of it (from the
+//! previous restore when that is ahead, so restoring a batch in order is O(1)
+//! per request).
 //!
 //! This is plain data: the queue guards it with its mutex.
 
@@ -74,15 +76,24 @@ pub(crate) struct Cursor {
 pub(crate) struct Pending<R: Request> {
     slots: Vec<Slot<R>>,
     free: usize,
+    /// The slot of the last request inserted out of order (a restore): a
+    /// hint where the next one goes, checked before use.
+    finger: usize,
+    /// Whether ranks are plain priority steps ([`Aging::Strict`](crate::Aging::Strict)).
+    strict: bool,
     levels: [Ends; LEVELS],
     index: HashMap<R::Id, usize, foldhash::fast::RandomState>,
 }
 
 impl<R: Request> Pending<R> {
-    pub(crate) fn new() -> Self {
+    /// An empty queue; `strict` when every rank is its priority's steps below
+    /// `Critical`, so that list order alone decides.
+    pub(crate) fn new(strict: bool) -> Self {
         Self {
             slots: Vec::new(),
             free: NIL,
+            finger: NIL,
+            strict,
             levels: [EMPTY; LEVELS],
             index: HashMap::default(),
         }
@@ -141,15 +152,26 @@ impl<R: Request> Pending<R> {
             }
         }
         // The node goes before the first node with a larger seq; appends (every
-        // fresh enqueue) find that at once by looking at the tail.
+        // fresh enqueue) find that at once by looking at the tail. Restores
+        // walk, from the last restored node if it lies ahead of this one (a
+        // batch restored in order then costs O(1) per request), else from
+        // the head.
         let ends = self.levels[level];
         let before = if ends.tail == NIL || self.node(ends.tail).entry.seq < seq {
             NIL
         } else {
-            let mut at = ends.head;
+            let mut at = match self.slots.get(self.finger) {
+                Some(Slot::Occupied(node))
+                    if node.entry.priority.index() == level && node.entry.seq < seq =>
+                {
+                    self.finger
+                }
+                _ => ends.head,
+            };
             while at != NIL && self.node(at).entry.seq < seq {
                 at = self.node(at).next;
             }
+            self.finger = slot;
             at
         };
         let prev = if before == NIL {
@@ -190,6 +212,11 @@ impl<R: Request> Pending<R> {
 
     /// The slot with the smallest key among `candidates` (one per list).
     fn min_of(&self, candidates: [usize; LEVELS]) -> Option<usize> {
+        if self.strict {
+            // Strict priority: the most urgent non-empty list wins, without
+            // touching (and missing the cache on) the candidate nodes.
+            return candidates.into_iter().rev().find(|&slot| slot != NIL);
+        }
         candidates
             .into_iter()
             .filter(|&slot| slot != NIL)
@@ -248,7 +275,7 @@ impl<R: Request> Pending<R> {
         while let Some(entry) = self.pop_front() {
             all.push(entry);
         }
-        *self = Self::new();
+        *self = Self::new(self.strict);
         all
     }
 

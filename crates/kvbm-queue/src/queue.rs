@@ -7,7 +7,9 @@ use crate::batch::{self, Admitted, Batch};
 use crate::pending::Entry;
 use crate::shared::Shared;
 use crate::sync::{self, Arc, Ordering};
-use crate::{CancelHandle, QueueConfig, QueueError, QueueStats, Rejected, Request, WaitToken};
+use crate::{
+    CancelHandle, QueueConfig, QueueError, QueueStats, Rejected, Request, Ticket, WaitToken,
+};
 
 /// Largest batch capacity reserved up front, so a huge `max_count` does not
 /// allocate for requests that are not there.
@@ -64,8 +66,9 @@ impl<R: Request> RequestQueue<R> {
         &self.shared.config
     }
 
-    /// Queues `request` behind everything of its priority, and returns a
-    /// handle that cancels it from any thread.
+    /// Queues `request` behind everything of its priority, and returns the
+    /// [`Ticket`] that names it (for [`cancel`](Self::cancel) and
+    /// [`cancel_handle`](Self::cancel_handle)).
     ///
     /// The request's methods are called here, once, before the lock is taken.
     ///
@@ -76,7 +79,7 @@ impl<R: Request> RequestQueue<R> {
     /// [`QueueError::Closed`] after [`close`](Self::close), or
     /// [`QueueError::Duplicate`] if a request with its id is queued. Nothing
     /// is overwritten.
-    pub fn enqueue(&self, request: R) -> Result<CancelHandle<R>, Rejected<R>> {
+    pub fn enqueue(&self, request: R) -> Result<Ticket<R::Id>, Rejected<R>> {
         let id = request.id();
         let priority = request.priority();
         let config = &self.shared.config;
@@ -112,6 +115,7 @@ impl<R: Request> RequestQueue<R> {
         }
         inner.next_seq += 1;
         inner.stats.enqueued += 1;
+        self.shared.epoch.bump();
         let wake = inner.waiters > 0;
         let len = inner.pending.len();
         drop(inner);
@@ -119,11 +123,31 @@ impl<R: Request> RequestQueue<R> {
             self.shared.not_empty.notify_one();
         }
         tracing::debug!(id = ?id, ?priority, seq, blocks, len, "enqueued");
-        Ok(CancelHandle {
-            id,
-            seq,
+        Ok(Ticket { id, seq })
+    }
+
+    /// Removes the request `ticket` names at once and returns it, if it is
+    /// still queued; `None` if it already left (dequeued, selected, removed,
+    /// cleared or cancelled), even if its id has been queued again since.
+    pub fn cancel(&self, ticket: Ticket<R::Id>) -> Option<R> {
+        self.shared.cancel(ticket)
+    }
+
+    /// Whether the request `ticket` names is still queued.
+    pub fn is_queued(&self, ticket: Ticket<R::Id>) -> bool {
+        self.shared
+            .lock()
+            .pending
+            .contains_instance(ticket.id, ticket.seq)
+    }
+
+    /// A handle that cancels the request `ticket` names from any thread,
+    /// without needing the queue at hand.
+    pub fn cancel_handle(&self, ticket: Ticket<R::Id>) -> CancelHandle<R> {
+        CancelHandle {
+            ticket,
             shared: Arc::clone(&self.shared),
-        })
+        }
     }
 
     /// Takes the next request, blocking while the queue is empty and open.
@@ -202,6 +226,9 @@ impl<R: Request> RequestQueue<R> {
             Patience::For(timeout) => sync::deadline_after(&inner.clock, timeout),
         };
         let mut waited = false;
+        // A zero timeout means "check once": no spinning.
+        let mut spin = !matches!(patience, Patience::For(timeout) if timeout.is_zero());
+        let mut backoff = sync::Backoff::new();
         // Order matters: a request is taken before `Closed` (drain after
         // close) and before the deadline is checked, so a waiter woken for a
         // request never reports a timeout while that request sits there.
@@ -226,6 +253,23 @@ impl<R: Request> RequestQueue<R> {
                     Some(deadline.saturating_duration_since(now))
                 }
             };
+            if spin {
+                // Watch for an arrival without the lock for a moment before
+                // sleeping; then check everything again under the lock.
+                let seen = shared.epoch.get();
+                drop(inner);
+                spin = false;
+                while backoff.snooze() {
+                    let cancelled =
+                        token.is_some_and(|token| token.cancelled.load(Ordering::Relaxed));
+                    if shared.epoch.get() != seen || cancelled {
+                        spin = true;
+                        break;
+                    }
+                }
+                inner = shared.lock();
+                continue;
+            }
             inner.waiters += 1;
             inner = sync::wait(&shared.not_empty, inner, remaining);
             inner.waiters -= 1;
@@ -318,6 +362,7 @@ impl<R: Request> RequestQueue<R> {
         let mut inner = self.shared.lock();
         let first = !inner.closed;
         inner.closed = true;
+        self.shared.epoch.bump();
         let len = inner.pending.len();
         self.shared.wake_all(inner);
         tracing::debug!(first, len, "closed");
@@ -392,7 +437,7 @@ impl<R: Request> RequestQueue<R> {
 
     /// Puts a selected request back at its original place (for when its real
     /// block allocation failed), ahead of everything that arrived after it.
-    /// Its [`CancelHandle`] works again.
+    /// Its [`Ticket`] works again.
     ///
     /// # Errors
     ///
@@ -419,6 +464,7 @@ impl<R: Request> RequestQueue<R> {
             ));
         }
         inner.stats.restored += 1;
+        self.shared.epoch.bump();
         let wake = inner.waiters > 0;
         let len = inner.pending.len();
         drop(inner);

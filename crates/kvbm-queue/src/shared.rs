@@ -11,15 +11,17 @@
 //! 3. There is no counter beside the data: a consumer sleeps only while the
 //!    queue is empty and open, and that predicate is read from the queue
 //!    itself (the C# spec's semaphore drifted from the real count).
-//! 4. Producers notify only when a consumer is waiting (`waiters`), after
-//!    unlocking. A waiter that leaves without taking a request while requests
-//!    remain passes its wake-up on, since it may have absorbed the one meant
-//!    for them.
+//! 4. Producers notify only when a consumer is asleep (`waiters`), after
+//!    unlocking. Consumers spin briefly on the arrival [`Epoch`] before they
+//!    sleep, so under steady traffic nobody sleeps and nobody notifies. A
+//!    waiter that leaves without taking a request while requests remain
+//!    passes its wake-up on, since it may have absorbed the one meant for
+//!    them.
 //! 5. `tracing` events are emitted after unlocking.
 
 use crate::pending::Pending;
-use crate::sync::{Clock, Condvar, Mutex, MutexGuard, lock};
-use crate::{QueueConfig, QueueStats, Request};
+use crate::sync::{CachePadded, Clock, Condvar, Epoch, Mutex, MutexGuard, lock};
+use crate::{QueueConfig, QueueStats, Request, Ticket};
 
 pub(crate) struct Inner<R: Request> {
     pub(crate) pending: Pending<R>,
@@ -42,35 +44,51 @@ impl<R: Request> Inner<R> {
 }
 
 pub(crate) struct Shared<R: Request> {
-    pub(crate) inner: Mutex<Inner<R>>,
+    pub(crate) inner: CachePadded<Mutex<Inner<R>>>,
     pub(crate) not_empty: Condvar,
     pub(crate) config: QueueConfig,
     /// KV bytes per block, when the config has a layout.
     pub(crate) bytes_per_block: Option<u64>,
     /// Tells this queue's handles and selections from another queue's.
     pub(crate) queue_id: u64,
+    /// Bumped on every arrival and on close, for spinning consumers.
+    pub(crate) epoch: Epoch,
 }
 
 impl<R: Request> Shared<R> {
     pub(crate) fn new(config: QueueConfig, bytes_per_block: Option<u64>, queue_id: u64) -> Self {
         Self {
-            inner: Mutex::new(Inner {
-                pending: Pending::new(),
+            inner: CachePadded(Mutex::new(Inner {
+                pending: Pending::new(config.aging() == crate::Aging::Strict),
                 next_seq: 0,
                 closed: false,
                 waiters: 0,
                 clock: Clock::new(),
                 stats: QueueStats::default(),
-            }),
+            })),
             not_empty: Condvar::new(),
             config,
             bytes_per_block,
             queue_id,
+            epoch: Epoch::new(),
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner<R>> {
-        lock(&self.inner)
+        lock(&self.inner.0)
+    }
+
+    /// Takes the request `ticket` names, if it is still queued.
+    pub(crate) fn cancel(&self, ticket: Ticket<R::Id>) -> Option<R> {
+        let mut inner = self.lock();
+        let taken = inner.pending.remove_instance(ticket.id, ticket.seq);
+        if taken.is_some() {
+            inner.stats.cancelled += 1;
+        }
+        let len = inner.pending.len();
+        drop(inner);
+        tracing::debug!(id = ?ticket.id, seq = ticket.seq, found = taken.is_some(), len, "cancelled");
+        taken.map(|entry| entry.request)
     }
 
     /// Wakes every waiter if there are any; for events that concern them all

@@ -23,7 +23,7 @@ pub struct QueueStats {
     pub selected: u64,
     /// Requests taken by `remove`.
     pub removed: u64,
-    /// Requests taken by a `CancelHandle`.
+    /// Requests taken by `cancel` (through a ticket or a `CancelHandle`).
     pub cancelled: u64,
     /// Requests taken by `clear`.
     pub cleared: u64,

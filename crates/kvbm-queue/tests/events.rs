@@ -77,12 +77,12 @@ impl Subscriber for Recorder {
 
 fn every_operation() -> Result<(), QueueError> {
     let q = RequestQueue::new(QueueConfig::new(16, 8))?;
-    let handle = q.enqueue(req(1, Priority::Normal))?;
+    let ticket = q.enqueue(req(1, Priority::Normal))?;
     q.enqueue(req(2, Priority::Normal))?;
     q.enqueue(req(3, Priority::Normal))?;
     q.try_dequeue()?;
     q.remove(2);
-    handle.cancel();
+    q.cancel(ticket);
     for admitted in q.select_batch(1, 8) {
         q.restore(admitted).map_err(QueueError::from)?;
     }

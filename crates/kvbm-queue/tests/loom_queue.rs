@@ -86,7 +86,7 @@ fn two_producers_one_consumer_deliver_each_request_exactly_once() {
 fn cancel_racing_dequeue_exactly_one_of_them_gets_the_request() {
     loom::model(|| {
         let q = queue();
-        let handle = q.enqueue(r(1)).expect("fresh id");
+        let handle = q.cancel_handle(q.enqueue(r(1)).expect("fresh id"));
         let canceller = {
             let q = q.clone();
             spawn(move || {
@@ -215,7 +215,7 @@ fn timed_dequeue_times_out_on_model_time_without_swallowing_a_wake_up() {
 fn stale_cancel_handle_never_hits_a_reused_id() {
     loom::model(|| {
         let q = queue();
-        let stale = q.enqueue(r(1)).expect("fresh id");
+        let stale = q.cancel_handle(q.enqueue(r(1)).expect("fresh id"));
         let canceller = spawn(move || stale.cancel());
         // Take the first instance (if the canceller has not) and reuse its id.
         let first = q.try_dequeue();

@@ -66,7 +66,7 @@ fn sort(model: &mut Model, aging: Aging) {
 }
 
 fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {
-    let mut pending = Pending::<T>::new();
+    let mut pending = Pending::<T>::new(aging == Aging::Strict);
     let mut model: Model = Vec::new();
     let mut taken: Vec<(u8, Priority, u64)> = Vec::new();
     let mut next_seq = 0;
@@ -166,7 +166,7 @@ proptest! {
 
 #[test]
 fn reinsert_goes_before_later_arrivals_of_its_priority() {
-    let mut pending = Pending::<T>::new();
+    let mut pending = Pending::<T>::new(true);
     for (id, seq) in [(1, 0), (2, 1), (3, 2)] {
         assert!(
             pending
@@ -187,7 +187,7 @@ fn reinsert_goes_before_later_arrivals_of_its_priority() {
 
 #[test]
 fn freed_slots_are_reused() {
-    let mut pending = Pending::<T>::new();
+    let mut pending = Pending::<T>::new(true);
     for seq in 0..100 {
         assert!(
             pending

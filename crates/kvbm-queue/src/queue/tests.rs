@@ -123,7 +123,8 @@ fn no_request_code_or_drop_runs_under_the_lock() {
     );
 
     drop(q.try_dequeue().expect("queued")); // 2
-    drop(h1.cancel().expect("queued")); // 1
+    drop(q.cancel(h1).expect("queued")); // 1
+    assert!(q.cancel_handle(h1).cancel().is_none());
     let mut batch = q.select_batch(4, 3); // 3 (2 blocks), 4 (1 block)
     assert_eq!(batch.len(), 2);
     let back = batch.split_off(0);
@@ -157,8 +158,8 @@ fn defect_08_sequence_numbers_do_not_wrap_at_i32() {
     // As if 2^31 - 2 requests had passed through (about 2.5 days at 10k req/s).
     queue.shared().lock().next_seq = i32::MAX as u64 - 1;
     for id in 0..4 {
-        let handle = queue.enqueue(id).expect("fresh id");
-        assert!(handle.seq >= i32::MAX as u64 - 1);
+        let ticket = queue.enqueue(id).expect("fresh id");
+        assert!(ticket.seq() >= i32::MAX as u64 - 1);
     }
     let order: Vec<u32> = std::iter::from_fn(|| queue.try_dequeue().ok()).collect();
     assert_eq!(order, [0, 1, 2, 3], "FIFO across the i32 boundary");

@@ -80,7 +80,7 @@ fn defect_03_selection_skips_and_never_charges_removed_or_cancelled() -> Result<
         q.enqueue(sized(id, Priority::Normal, 2))?;
     }
     q.remove(1);
-    cancelled.cancel();
+    q.cancel(cancelled);
     let batch = q.select_batch(8, 6);
     assert_eq!(batch.iter().map(|a| a.id()).collect::<Vec<_>>(), [3, 4, 5]);
     assert_eq!(batch.blocks(), 6, "only live requests are charged");
@@ -124,7 +124,7 @@ fn defect_04_head_of_line_is_the_stated_default() -> Result<(), QueueError> {
 #[test]
 fn defect_05_a_selected_request_goes_back_to_its_original_place() -> Result<(), QueueError> {
     let q = queue(16);
-    let handle = q.enqueue(req(1, Priority::High))?;
+    let ticket = q.enqueue(req(1, Priority::High))?;
     q.enqueue(req(2, Priority::Normal))?;
     q.enqueue(req(3, Priority::Normal))?;
     let mut batch = q.select_batch(2, 16); // 1 and 2
@@ -136,8 +136,8 @@ fn defect_05_a_selected_request_goes_back_to_its_original_place() -> Result<(), 
         q.restore(admitted).map_err(|r| r.into_parts().0)?;
     }
     assert_eq!(q.queued_ids(), [1, 5, 2, 3, 4]);
-    assert!(handle.is_queued(), "the cancel handle works again");
-    assert_eq!(handle.cancel().map(|r| r.id), Some(1));
+    assert!(q.is_queued(ticket), "the ticket works again");
+    assert_eq!(q.cancel(ticket).map(|r| r.id), Some(1));
 
     // Restoring refuses (and hands back) what cannot go back.
     let admitted = q.select_batch(1, 16).into_iter().next().expect("5 fits");
@@ -239,21 +239,26 @@ fn defect_07_equal_priorities_are_fifo_and_higher_is_served_first() -> Result<()
 }
 
 #[test]
-fn defect_09_cancel_handles_leave_nothing_registered_and_never_misfire() -> Result<(), QueueError> {
+fn defect_09_cancellation_leaves_nothing_registered_and_never_misfires() -> Result<(), QueueError> {
     let q = queue(8);
     // A late cancel after the request left does nothing.
     let served = q.enqueue(req(1, Priority::Normal))?;
     assert_eq!(q.try_dequeue()?.id, 1);
-    assert_eq!(served.cancel(), None);
+    assert_eq!(q.cancel(served), None);
     // A stale handle does not hit a new request that reuses the id.
     let stale = q.enqueue(req(2, Priority::Normal))?;
     q.remove(2);
     q.enqueue(req(2, Priority::High))?;
-    assert_eq!(stale.cancel(), None);
+    assert_eq!(q.cancel(stale), None);
+    assert_eq!(q.cancel_handle(stale).cancel(), None);
     assert!(q.contains(2));
-    // Dropping handles changes nothing: there is no registration to undo.
+    // Dropping tickets and handles changes nothing: there is no
+    // registration to undo.
     let kept: Vec<_> = (10..20)
-        .map(|id| q.enqueue(req(id, Priority::Low)))
+        .map(|id| {
+            q.enqueue(req(id, Priority::Low))
+                .map(|t| q.cancel_handle(t))
+        })
         .collect::<Result<_, _>>()?;
     drop(kept);
     assert_eq!(q.len(), 11);
@@ -261,7 +266,7 @@ fn defect_09_cancel_handles_leave_nothing_registered_and_never_misfire() -> Resu
     let late = q.enqueue(req(30, Priority::Low))?;
     q.clear();
     q.close();
-    assert_eq!(late.cancel(), None);
+    assert_eq!(q.cancel(late), None);
     assert_eq!(q.stats().cancelled, 0);
     Ok(())
 }
@@ -342,7 +347,7 @@ fn defect_12_len_and_is_empty_are_exact_after_every_operation() -> Result<(), Qu
     expect(3);
     assert!(q.enqueue(req(3, Priority::Normal)).is_err());
     expect(3);
-    h.cancel();
+    q.cancel(h);
     expect(2);
     q.remove(2);
     expect(1);
@@ -385,13 +390,13 @@ fn defect_13_duplicate_ids_are_refused_and_clear_resets_everything() -> Result<(
     );
     assert_eq!(q.try_dequeue(), Err(QueueError::Empty), "served once");
 
-    let handle = q.enqueue(req(2, Priority::Normal))?;
+    let ticket = q.enqueue(req(2, Priority::Normal))?;
     q.enqueue(req(3, Priority::Normal))?;
     assert_eq!(q.clear().len(), 2);
     assert!(!q.contains(2) && !q.contains(3));
-    assert!(!handle.is_queued());
+    assert!(!q.is_queued(ticket));
     q.enqueue(req(2, Priority::Normal))?;
-    assert_eq!(handle.cancel(), None);
+    assert_eq!(q.cancel(ticket), None);
     assert_eq!(drain_ids(&q), [2]);
     Ok(())
 }

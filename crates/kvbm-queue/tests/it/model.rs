@@ -8,8 +8,8 @@
 use proptest::prelude::*;
 
 use kvbm_queue::{
-    Admitted, Aging, CancelHandle, GenerationReserve, Priority, QueueConfig, QueueError,
-    QueueStats, RequestQueue, Selection,
+    Admitted, Aging, GenerationReserve, Priority, QueueConfig, QueueError, QueueStats,
+    RequestQueue, Selection, Ticket,
 };
 
 use crate::Req;
@@ -255,7 +255,7 @@ fn run(config: QueueConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let queue: RequestQueue<Req> =
         RequestQueue::new(config).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut model = Reference::new(config);
-    let mut handles: Vec<(CancelHandle<Req>, u64)> = Vec::new();
+    let mut tickets: Vec<Ticket<u32>> = Vec::new();
     let mut held: Vec<(Admitted<Req>, Queued)> = Vec::new();
 
     for op in ops {
@@ -274,9 +274,10 @@ fn run(config: QueueConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 };
                 let want = model.enqueue(req.clone());
                 match queue.enqueue(req.clone()) {
-                    Ok(handle) => {
-                        prop_assert_eq!(Ok(handle.id()), want.clone().map(|_| id));
-                        handles.push((handle, want.unwrap_or_default()));
+                    Ok(ticket) => {
+                        prop_assert_eq!(Ok(ticket.seq()), want.clone());
+                        prop_assert_eq!(ticket.id(), id);
+                        tickets.push(ticket);
                     }
                     Err(rejected) => {
                         let (error, back) = rejected.into_parts();
@@ -302,18 +303,24 @@ fn run(config: QueueConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(queue.remove(id), want);
             }
             Op::Cancel(k) => {
-                if !handles.is_empty() {
-                    let (handle, seq) = &handles[k % handles.len()];
+                if !tickets.is_empty() {
+                    let ticket = tickets[k % tickets.len()];
                     let want = model
                         .queued
                         .iter()
-                        .position(|q| q.req.id == handle.id() && q.seq == *seq)
+                        .position(|q| q.req.id == ticket.id() && q.seq == ticket.seq())
                         .map(|i| model.queued.remove(i).req);
                     if want.is_some() {
                         model.stats.cancelled += 1;
                     }
-                    prop_assert_eq!(handle.is_queued(), want.is_some());
-                    prop_assert_eq!(handle.cancel(), want);
+                    prop_assert_eq!(queue.is_queued(ticket), want.is_some());
+                    // Alternate the two ways to cancel.
+                    let got = if k % 2 == 0 {
+                        queue.cancel(ticket)
+                    } else {
+                        queue.cancel_handle(ticket).cancel()
+                    };
+                    prop_assert_eq!(got, want);
                 }
             }
             Op::Select { max, budget } => {

@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use kvbm_queue::{
     Admitted, Batch, CancelHandle, QueueConfig, QueueError, QueueStats, Rejected, Request,
-    RequestQueue, WaitToken,
+    RequestQueue, Ticket, WaitToken,
 };
 
 use crate::Req;
@@ -17,6 +17,7 @@ fn error<T: std::error::Error + Send + Sync + 'static>() {}
 fn handles_are_send_and_sync_when_requests_are_send() {
     send_sync::<RequestQueue<Req>>();
     send_sync::<CancelHandle<Req>>();
+    send_sync::<Ticket<u32>>();
     send_sync::<WaitToken<Req>>();
     send_sync::<Batch<Req>>();
     send_sync::<Admitted<Req>>();
@@ -75,7 +76,9 @@ fn a_local_request_type_works_on_one_thread() -> Result<(), QueueError> {
 #[test]
 fn every_public_type_has_a_useful_debug() -> Result<(), QueueError> {
     let q = crate::queue(8);
-    let handle = q.enqueue(crate::req(1, kvbm_queue::Priority::High))?;
+    let ticket = q.enqueue(crate::req(1, kvbm_queue::Priority::High))?;
+    let handle = q.cancel_handle(ticket);
+    assert!(format!("{ticket:?}").contains("id: 1"));
     let token = q.wait_token();
     let queue_debug = format!("{q:?}");
     assert!(queue_debug.contains("len: 1"), "{queue_debug}");

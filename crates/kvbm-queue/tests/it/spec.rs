@@ -67,7 +67,7 @@ fn spec_2_request_cancelled_before_dequeue_is_skipped() -> Result<(), QueueError
     q.enqueue(req(1, Priority::High))?;
     let doomed = q.enqueue(req(2, Priority::High))?;
     q.enqueue(req(3, Priority::High))?;
-    assert_eq!(doomed.cancel(), Some(req(2, Priority::High)));
+    assert_eq!(q.cancel(doomed), Some(req(2, Priority::High)));
     assert_eq!(drain_ids(&q), [1, 3]);
     Ok(())
 }
@@ -75,21 +75,26 @@ fn spec_2_request_cancelled_before_dequeue_is_skipped() -> Result<(), QueueError
 #[test]
 fn spec_2_cancel_after_enqueue_cleans_up_completely() -> Result<(), QueueError> {
     let q = queue(8);
-    let handle = q.enqueue(req(1, Priority::Normal))?;
-    assert!(handle.is_queued());
+    let ticket = q.enqueue(req(1, Priority::Normal))?;
+    let handle = q.cancel_handle(ticket);
+    assert!(q.is_queued(ticket) && handle.is_queued());
     // Cancelled from another thread, as a disconnecting client would.
     let remote = handle.clone();
     let cancelled = thread::spawn(move || remote.cancel()).join();
     assert_eq!(cancelled.ok().flatten().map(|r| r.id), Some(1));
-    assert!(!handle.is_queued());
+    assert!(!q.is_queued(ticket) && !handle.is_queued());
     assert!(!q.contains(1));
     assert_eq!((q.len(), q.is_empty()), (0, true));
     assert_eq!(handle.cancel(), None, "cancelling twice does nothing");
+    assert_eq!(q.cancel(ticket), None);
     assert_eq!(q.stats().cancelled, 1);
     // Nothing stays registered: the id is free, and the old handle cannot
     // touch the new request.
-    q.enqueue(req(1, Priority::Normal))?;
+    let reused = q.enqueue(req(1, Priority::Normal))?;
+    assert_eq!(reused.id(), ticket.id());
+    assert_ne!(reused, ticket);
     assert_eq!(handle.cancel(), None);
+    assert_eq!(q.cancel(ticket), None);
     assert!(q.contains(1));
     Ok(())
 }

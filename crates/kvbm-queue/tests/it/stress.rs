@@ -114,8 +114,8 @@ fn every_request_is_accounted_for_exactly_once_and_dropped_once() {
                             ledger: Arc::clone(ledger),
                         };
                         match queue.enqueue(request) {
-                            Ok(handle) if id.is_multiple_of(5) => {
-                                let _ = to_canceller.send(handle);
+                            Ok(ticket) if id.is_multiple_of(5) => {
+                                let _ = to_canceller.send(queue.cancel_handle(ticket));
                             }
                             Ok(_) => {}
                             Err(rejected) => panic!("unique ids are accepted: {rejected}"),
@@ -281,6 +281,7 @@ fn dropping_the_queue_drops_what_is_left_exactly_once() {
                     blocks: 1,
                     ledger: Arc::clone(&ledger),
                 })
+                .map(|ticket| queue.cancel_handle(ticket))
                 .expect("unique id")
         })
         .collect();
