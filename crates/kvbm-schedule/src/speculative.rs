@@ -95,13 +95,21 @@ impl<M> SchedulableSequence<M> {
             });
         }
         self.check_manager(manager)?;
+        let old_total = self.inner.total_tokens();
         // Cannot fail: `scheduled` was clamped to the output budget.
         let filled = self.inner.append_tokens(accepted)?;
         let kv_position = self.kv_position + accepted.len();
-        // Cannot fail either (the manager was checked above); if it somehow
-        // did, the blocks filled by accepted tokens would stay unregistered,
-        // never wrongly registered.
-        let blocks_registered = self.register_computed(kv_position, manager)?;
+        // The blocks to register need the accepted tokens' hashes, so this
+        // runs after the append. It cannot fail once the manager is checked;
+        // if it did, the append is rolled back so the schedule stays pending.
+        let blocks_registered = match self.register_computed(kv_position, manager) {
+            Ok(registered) => registered,
+            Err(error) => {
+                // Truncating back within the output tokens cannot fail.
+                let _ = self.inner.truncate(old_total);
+                return Err(error.into());
+            }
+        };
         let blocks_released = self
             .inner
             .release_unassigned_beyond(self.inner.total_tokens());
