@@ -106,12 +106,14 @@ pub struct QueueConfig {
     selection: Selection,
     aging: Aging,
     layout: Option<KvLayout>,
+    capacity: usize,
 }
 
 impl QueueConfig {
     /// Blocks of `block_tokens` tokens in a pool of `pool_blocks`, with the
     /// defaults: `GenerationReserve::Capped(256)`, `Selection::HeadOfLine`,
-    /// `Aging::Strict` and no KV layout (budgets in blocks only).
+    /// `Aging::Strict`, no KV layout (budgets in blocks only) and no
+    /// capacity reserved.
     pub fn new(block_tokens: u32, pool_blocks: u64) -> Self {
         Self {
             block_tokens,
@@ -120,6 +122,7 @@ impl QueueConfig {
             selection: Selection::default(),
             aging: Aging::default(),
             layout: None,
+            capacity: 0,
         }
     }
 
@@ -144,6 +147,18 @@ impl QueueConfig {
             layout: Some(layout),
             ..self
         }
+    }
+
+    /// Reserves room for `capacity` queued requests up front (the C# spec's
+    /// `initialCapacity`), so a queue that will be deep does not grow, and
+    /// rehash its index, under its lock while it fills.
+    pub fn with_capacity(self, capacity: usize) -> Self {
+        Self { capacity, ..self }
+    }
+
+    /// Requests the queue has room for before it allocates.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Tokens per KV block.

@@ -88,14 +88,20 @@ pub(crate) struct Pending<R: Request> {
 impl<R: Request> Pending<R> {
     /// An empty queue; `strict` when every rank is its priority's steps below
     /// `Critical`, so that list order alone decides.
+    #[cfg(test)]
     pub(crate) fn new(strict: bool) -> Self {
+        Self::with_capacity(strict, 0)
+    }
+
+    /// An empty queue with room for `capacity` requests before it allocates.
+    pub(crate) fn with_capacity(strict: bool, capacity: usize) -> Self {
         Self {
-            slots: Vec::new(),
+            slots: Vec::with_capacity(capacity),
             free: NIL,
             finger: NIL,
             strict,
             levels: [EMPTY; LEVELS],
-            index: HashMap::default(),
+            index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
         }
     }
 
@@ -269,13 +275,16 @@ impl<R: Request> Pending<R> {
         node.entry
     }
 
-    /// Takes every request, in service order, and releases the slab.
+    /// Takes every request, in service order. Keeps the allocations, like
+    /// `Vec::clear`: a queue that was this deep will likely be again.
     pub(crate) fn drain(&mut self) -> Vec<Entry<R>> {
         let mut all = Vec::with_capacity(self.len());
         while let Some(entry) = self.pop_front() {
             all.push(entry);
         }
-        *self = Self::new(self.strict);
+        self.slots.clear();
+        self.free = NIL;
+        self.finger = NIL;
         all
     }
 

@@ -59,7 +59,10 @@ impl<R: Request> Shared<R> {
     pub(crate) fn new(config: QueueConfig, bytes_per_block: Option<u64>, queue_id: u64) -> Self {
         Self {
             inner: CachePadded(Mutex::new(Inner {
-                pending: Pending::new(config.aging() == crate::Aging::Strict),
+                pending: Pending::with_capacity(
+                    config.aging() == crate::Aging::Strict,
+                    config.capacity(),
+                ),
                 next_seq: 0,
                 closed: false,
                 waiters: 0,

@@ -199,3 +199,34 @@ fn freed_slots_are_reused() {
     assert_eq!(pending.slots.len(), 1);
     assert_eq!(pending.check_invariants(), Ok(()));
 }
+
+#[test]
+fn drain_empties_but_keeps_the_allocations() {
+    let mut pending = Pending::<T>::with_capacity(false, 4);
+    for (id, seq) in (0..50).zip(0..) {
+        assert!(
+            pending
+                .insert(entry(
+                    id,
+                    Priority::ALL[usize::from(id) % 4],
+                    seq,
+                    Aging::Window(2)
+                ))
+                .is_ok()
+        );
+    }
+    let slots = pending.slots.capacity();
+    assert_eq!(pending.drain().len(), 50);
+    assert_eq!(pending.len(), 0);
+    assert_eq!(pending.check_invariants(), Ok(()));
+    assert_eq!(pending.slots.capacity(), slots);
+    // hashbrown reports less capacity after removals (tombstones), but the
+    // table is not released.
+    assert!(pending.index.capacity() > 4);
+    assert!(
+        pending
+            .insert(entry(1, Priority::Low, 99, Aging::Window(2)))
+            .is_ok()
+    );
+    assert_eq!(pending.snapshot(), [(1, 99)]);
+}

@@ -72,13 +72,17 @@ fn config() -> impl Strategy<Value = QueueConfig> {
         reserve,
         selection,
         aging,
+        0..4usize,
     )
-        .prop_map(|(block_tokens, pool, reserve, selection, aging)| {
-            QueueConfig::new(block_tokens, pool)
-                .with_reserve(reserve)
-                .with_selection(selection)
-                .with_aging(aging)
-        })
+        .prop_map(
+            |(block_tokens, pool, reserve, selection, aging, capacity)| {
+                QueueConfig::new(block_tokens, pool)
+                    .with_reserve(reserve)
+                    .with_selection(selection)
+                    .with_aging(aging)
+                    .with_capacity(capacity)
+            },
+        )
 }
 
 /// A queued request as the reference sees it.

@@ -209,13 +209,16 @@ fn config_getters_return_what_was_set() {
     let config = QueueConfig::new(32, 100)
         .with_layout(layout)
         .with_aging(kvbm_queue::Aging::Window(3))
-        .with_reserve(kvbm_queue::GenerationReserve::Full);
+        .with_reserve(kvbm_queue::GenerationReserve::Full)
+        .with_capacity(64);
     assert_eq!(config.block_tokens(), 32);
     assert_eq!(config.pool_blocks(), 100);
     assert_eq!(config.layout(), Some(layout));
     assert_eq!(config.aging(), kvbm_queue::Aging::Window(3));
     assert_eq!(config.reserve(), kvbm_queue::GenerationReserve::Full);
     assert_eq!(config.selection(), Selection::HeadOfLine);
+    assert_eq!(config.capacity(), 64);
+    assert_eq!(QueueConfig::new(1, 1).capacity(), 0);
     assert_eq!(layout.tp_size(), 1);
 }
 
