@@ -25,13 +25,14 @@ use crate::{
 /// # Block accounting
 ///
 /// When idle, a sequence holds exactly the blocks that back its computed KV:
-/// `ceil(kv_position / block_size)` blocks (one more after a speculative
-/// step, the block of the tail token's slot, which the step wrote). Of those,
-/// the `kv_position / block_size` fully computed ones are registered; at
-/// most one (the partially computed one) is unassigned; none is staged. A
-/// schedule adds the blocks its step writes; an apply registers what the
-/// step completed; a revert gives the schedule's blocks back, last allocated
-/// first.
+/// `ceil(kv_position / block_size)` blocks, or `ceil(total_tokens /
+/// block_size)` after a speculative step, which keeps the block of the tail
+/// token's slot (the step wrote it). Of those, the `kv_position /
+/// block_size` fully computed ones are registered, the rest (at most one) is
+/// unassigned, none is staged. A schedule adds the blocks its step writes;
+/// an apply registers what the step completed; a revert gives the
+/// schedule's blocks back, last allocated first. The model-based test checks
+/// these counts after every call.
 ///
 /// # Key accessors
 ///
