@@ -205,11 +205,11 @@ fn enqueue_dequeue(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("kvbm", depth), &depth, |b, &depth| {
             let q = kvbm_queue();
             for id in 0..depth {
-                drop(q.enqueue(req(id)).expect("fresh id"));
+                q.enqueue(req(id)).expect("fresh id");
             }
             let mut next = depth;
             b.iter(|| {
-                drop(q.enqueue(req(next)).expect("fresh id"));
+                q.enqueue(req(next)).expect("fresh id");
                 next += 1;
                 black_box(q.try_dequeue().expect("non-empty"))
             });
@@ -251,12 +251,12 @@ fn remove(c: &mut Criterion) {
     group.bench_with_input(BenchmarkId::new("kvbm", depth), &depth, |b, &depth| {
         let q = kvbm_queue();
         for id in 0..depth {
-            drop(q.enqueue(req(id)).expect("fresh id"));
+            q.enqueue(req(id)).expect("fresh id");
         }
         let (mut oldest, mut next) = (0, depth);
         b.iter(|| {
             black_box(q.remove(oldest).expect("queued"));
-            drop(q.enqueue(req(next)).expect("fresh id"));
+            q.enqueue(req(next)).expect("fresh id");
             oldest += 1;
             next += 1;
         });
@@ -288,7 +288,7 @@ fn select_batch(c: &mut Criterion) {
     group.bench_with_input(BenchmarkId::new("kvbm", depth), &depth, |b, &depth| {
         let q = kvbm_queue();
         for id in 0..depth {
-            drop(q.enqueue(req(id)).expect("fresh id"));
+            q.enqueue(req(id)).expect("fresh id");
         }
         b.iter(|| {
             let batch = q.select_batch(256, budget);
@@ -337,7 +337,7 @@ impl Mpmc for RequestQueue<Req> {
         self
     }
     fn push(queue: &&RequestQueue<Req>, id: u64) {
-        drop(queue.enqueue(req(id)).expect("fresh id"));
+        queue.enqueue(req(id)).expect("fresh id");
     }
     fn pop(&self) -> bool {
         self.dequeue().is_ok()

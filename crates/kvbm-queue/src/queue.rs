@@ -25,6 +25,17 @@ const PREALLOC: usize = 1024;
 /// respect to the others: `len`, `contains` and `stats` are exact at the
 /// moment they run.
 ///
+/// # Performance
+///
+/// Enqueue, dequeue, `remove`, `cancel` and `contains` are O(1): one hash
+/// operation on the id plus list links (one list per priority). `restore`
+/// walks past the requests still ahead of the restored one (O(1) per request
+/// when a batch is restored in order). `select_batch` costs O(requests
+/// examined). A consumer that finds the queue empty spins for a few
+/// microseconds before it sleeps, so under steady traffic neither side makes
+/// a system call; everything still goes through one lock, so producers and
+/// consumers do not run in parallel with each other.
+///
 /// See the [crate documentation](crate) for an example.
 pub struct RequestQueue<R: Request> {
     shared: Arc<Shared<R>>,
