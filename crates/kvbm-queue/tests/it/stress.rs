@@ -90,7 +90,7 @@ impl Request for Tracked {
 }
 
 #[test]
-fn every_request_is_accounted_for_exactly_once_and_dropped_once() {
+fn defect_15_every_request_is_accounted_for_exactly_once_and_dropped_once() {
     let ledger = Arc::new(Ledger::new());
     let queue: RequestQueue<Tracked> =
         RequestQueue::new(QueueConfig::new(16, 8)).expect("valid config");
