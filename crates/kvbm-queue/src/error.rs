@@ -30,6 +30,10 @@ pub enum QueueError {
         /// Blocks in the whole pool.
         pool: u64,
     },
+    /// A scheduler request had no prompt tokens: nothing to compute a first
+    /// token from.
+    #[error("a request needs at least one prompt token")]
+    EmptyPrompt,
     /// `try_dequeue` found nothing queued (and the queue open).
     #[error("the queue is empty")]
     Empty,
@@ -138,4 +142,74 @@ impl<R> From<Rejected<R>> for QueueError {
     fn from(rejected: Rejected<R>) -> Self {
         rejected.error
     }
+}
+
+/// Everything that can go wrong driving a [`Scheduler`](crate::Scheduler).
+///
+/// A refused call changes nothing: the plan stays pending, every request
+/// stays where it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchedulerError {
+    /// `step` was called while the previous plan still awaits `apply`.
+    #[error("step {step} was planned but not applied yet")]
+    StepPending {
+        /// The pending step.
+        step: u64,
+    },
+    /// `apply` was called with no plan pending.
+    #[error("no step is pending")]
+    NoStepPending,
+    /// A planned request got no output.
+    #[error("no engine output for planned request {id}")]
+    MissingOutput {
+        /// The request.
+        id: crate::RequestId,
+    },
+    /// An output names a request the plan did not schedule.
+    #[error("engine output for request {id}, which this step did not schedule")]
+    UnexpectedOutput {
+        /// The request.
+        id: crate::RequestId,
+    },
+    /// Two outputs name the same request.
+    #[error("two engine outputs for request {id}")]
+    DuplicateOutput {
+        /// The request.
+        id: crate::RequestId,
+    },
+    /// A decode or an emitting prefill chunk came back without a token.
+    #[error("request {id} must sample a token this step")]
+    MissingToken {
+        /// The request.
+        id: crate::RequestId,
+    },
+    /// A non-emitting prefill chunk came back with a token.
+    #[error("request {id} samples no token this step")]
+    UnexpectedToken {
+        /// The request.
+        id: crate::RequestId,
+    },
+    /// `abort` named a request that is neither waiting nor running.
+    #[error("request {id} is not waiting or running")]
+    UnknownRequest {
+        /// The request.
+        id: crate::RequestId,
+    },
+    /// A limit in the [`SchedulerConfig`](crate::SchedulerConfig) must be positive.
+    #[error("scheduler config: {field} must be at least 1")]
+    ZeroLimit {
+        /// The offending field.
+        field: &'static str,
+    },
+    /// The waiting queue refused the configuration.
+    #[error("waiting queue: {0}")]
+    Queue(#[from] QueueError),
+    /// The block manager's audit failed.
+    #[error("block manager: {0}")]
+    Block(#[from] kvbm_blocks::BlockError),
+    /// [`Scheduler::audit`](crate::Scheduler::audit) found requests or blocks
+    /// unaccounted for. This is a bug in kvbm; please report it.
+    #[error("scheduler invariant violated: {0}")]
+    InvariantViolated(String),
 }

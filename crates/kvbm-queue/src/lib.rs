@@ -1,9 +1,13 @@
-//! The request queue: the top layer of kvbm, and its API boundary.
+//! The request queue and the scheduler: the top layer of kvbm, and its API
+//! boundary.
 //!
 //! Below it, `kvbm-blocks` owns KV blocks, `kvbm-sequence` maps tokens to
-//! blocks and `kvbm-schedule` decides what runs each step. This crate holds
-//! the requests that are *waiting*: a thread-safe [`RequestQueue`] that front
-//! ends feed from any thread and a continuous-batching scheduler drains.
+//! blocks and `kvbm-schedule` runs one request's schedule/apply protocol.
+//! This crate holds the requests that are *waiting*: a thread-safe
+//! [`RequestQueue`] that front ends feed from any thread; and the
+//! [`Scheduler`] an engine calls every step, which admits, chunks, preempts
+//! and finishes requests over all the layers (see its docs and the second
+//! example below).
 //!
 //! - **Order.** [`Priority`] `Low < Normal < High < Critical`, higher served
 //!   first; FIFO within one priority by a `u64` arrival number (optionally
@@ -38,7 +42,7 @@
 //! No request code runs and no request is dropped while the queue's lock is
 //! held; operations emit `tracing` events (`debug` level) after unlocking.
 //!
-//! # Example
+//! # Example: the queue
 //!
 //! ```
 //! use std::thread;
@@ -101,6 +105,50 @@
 //! assert_eq!(queue.try_dequeue().unwrap_err(), QueueError::Closed);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Example: the full stack
+//!
+//! A block pool, a scheduler over it, and an engine loop: plan a step, "run
+//! the model", apply what it sampled. The second request shares the first's
+//! 32-token system prompt and prefills only its own tokens.
+//!
+//! ```
+//! use kvbm_blocks::BlockManager;
+//! use kvbm_queue::{EngineOutput, InferenceRequest, RequestId, Scheduler, SchedulerConfig};
+//!
+//! struct Gpu; // a storage-tier marker
+//!
+//! let manager = BlockManager::<Gpu>::builder().block_count(64).block_size(16).build()?;
+//! let mut scheduler = Scheduler::new(manager, SchedulerConfig::default())?;
+//!
+//! let system: Vec<u32> = (0..32).collect();
+//! let prompt = |tail: &[u32]| [&system[..], tail].concat();
+//! scheduler.submit(InferenceRequest::new(RequestId(1), prompt(&[100, 101]), 4))?;
+//!
+//! // A stand-in engine: sample token 7 wherever a token is due.
+//! fn engine(plan: &kvbm_queue::StepPlan) -> Vec<EngineOutput> {
+//!     let prefill = plan.prefill.iter().map(|p| match p.emits_token {
+//!         true => EngineOutput::token(p.id, 7),
+//!         false => EngineOutput::no_token(p.id),
+//!     });
+//!     let decode = plan.decode.iter().map(|d| EngineOutput::token(d.id, 7));
+//!     prefill.chain(decode).collect()
+//! }
+//!
+//! let mut finished = Vec::new();
+//! while !scheduler.is_idle() {
+//!     let plan = scheduler.step()?;
+//!     let report = scheduler.apply(&engine(&plan))?;
+//!     finished.extend(report.finished);
+//!     if finished.len() == 1 && scheduler.census().submitted == 1 {
+//!         scheduler.submit(InferenceRequest::new(RequestId(2), prompt(&[200]), 4))?;
+//!     }
+//! }
+//! assert!(finished.iter().all(|f| f.generated_tokens == 4));
+//! let census = scheduler.audit()?; // every request and block accounted for
+//! assert_eq!((census.finished, census.prefix_hit_tokens), (2, 32));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
@@ -112,15 +160,20 @@ mod layout;
 mod pending;
 mod queue;
 mod request;
+mod scheduler;
 mod shared;
 mod stats;
 mod sync;
 
 pub use batch::{Admitted, Batch};
 pub use config::{Aging, GenerationReserve, QueueConfig, Selection};
-pub use error::{QueueError, Rejected};
+pub use error::{QueueError, Rejected, SchedulerError};
 pub use handles::{CancelHandle, Ticket, WaitToken};
 pub use layout::KvLayout;
 pub use queue::RequestQueue;
 pub use request::{Priority, Request};
+pub use scheduler::{
+    Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, PrefillWork,
+    RequestId, Scheduler, SchedulerConfig, StepPlan, StepReport, SubmitHandle,
+};
 pub use stats::QueueStats;

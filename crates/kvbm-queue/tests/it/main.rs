@@ -1,10 +1,15 @@
 //! Integration tests for kvbm-queue: the C# spec's testing requirements, one
 //! test per defect of the spec (named after it), selection policies, a
-//! model-based proptest, a multi-thread stress test and auto traits (tracing
-//! events are checked in their own binary, `tests/events.rs`).
+//! model-based proptest, a multi-thread stress test, auto traits, and the
+//! `Scheduler` over the whole stack (hand-worked schedules and a random-driver
+//! proptest). Tracing events are checked in their own binary, `tests/events.rs`.
 
 mod defects;
 mod model;
+#[cfg(not(kvbm_loom))]
+mod scheduler;
+#[cfg(not(kvbm_loom))]
+mod scheduler_model;
 mod select;
 mod send_sync;
 mod spec;

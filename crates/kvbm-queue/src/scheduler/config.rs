@@ -1,0 +1,81 @@
+//! [`SchedulerConfig`]: the per-step limits, with documented defaults.
+
+use crate::{GenerationReserve, Selection};
+
+/// The limits one [`Scheduler::step`](crate::Scheduler::step) works within.
+///
+/// Defaults follow vLLM's: 256 running requests, 8192 tokens per step, chunks
+/// of up to 2048 prompt tokens, and 1% of the pool kept free as a watermark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SchedulerConfig {
+    /// Most requests running (admitted and holding blocks) at once.
+    pub max_running: usize,
+    /// Most tokens one step computes: prefill chunk tokens plus one per decode.
+    pub token_budget: usize,
+    /// Most prompt tokens one request prefills in one step (chunked prefill).
+    pub chunk_size: usize,
+    /// Blocks admission leaves free, so running requests can grow into them
+    /// before anyone must be preempted. `None` means 1% of the pool.
+    pub watermark_blocks: Option<usize>,
+    /// Generated tokens a waiting request's admission estimate reserves.
+    pub reserve: GenerationReserve,
+    /// What admission does when the next request does not fit.
+    pub selection: Selection,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_running: 256,
+            token_budget: 8192,
+            chunk_size: 2048,
+            watermark_blocks: None,
+            reserve: GenerationReserve::default(),
+            selection: Selection::HeadOfLine,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Sets [`max_running`](Self::max_running).
+    pub fn with_max_running(mut self, max_running: usize) -> Self {
+        self.max_running = max_running;
+        self
+    }
+
+    /// Sets [`token_budget`](Self::token_budget).
+    pub fn with_token_budget(mut self, tokens: usize) -> Self {
+        self.token_budget = tokens;
+        self
+    }
+
+    /// Sets [`chunk_size`](Self::chunk_size).
+    pub fn with_chunk_size(mut self, tokens: usize) -> Self {
+        self.chunk_size = tokens;
+        self
+    }
+
+    /// Sets [`watermark_blocks`](Self::watermark_blocks).
+    pub fn with_watermark_blocks(mut self, blocks: usize) -> Self {
+        self.watermark_blocks = Some(blocks);
+        self
+    }
+
+    /// Sets [`reserve`](Self::reserve).
+    pub fn with_reserve(mut self, reserve: GenerationReserve) -> Self {
+        self.reserve = reserve;
+        self
+    }
+
+    /// Sets [`selection`](Self::selection).
+    pub fn with_selection(mut self, selection: Selection) -> Self {
+        self.selection = selection;
+        self
+    }
+
+    /// The watermark for a pool of `total_blocks`.
+    pub(crate) fn watermark(&self, total_blocks: usize) -> usize {
+        self.watermark_blocks.unwrap_or(total_blocks / 100)
+    }
+}

@@ -1,0 +1,141 @@
+//! [`StepPlan`] (what the engine runs this step), [`EngineOutput`] (what it
+//! sampled) and [`StepReport`] (what applying it changed).
+
+use kvbm_blocks::BlockId;
+
+use super::{FinishReason, RequestId};
+
+/// One engine iteration: which requests prefill which tokens and which
+/// decode, with the blocks each newly holds.
+///
+/// Block tables are sent as deltas, as vLLM does: `new_blocks` are appended
+/// to the request's table, except when `resumed` is true, where they are the
+/// whole table: for a newly admitted or preempted-and-resumed request, and
+/// after a table entry changed under the engine. That happens when two
+/// requests computed the same prefix block at once: the later registration
+/// is deduplicated onto the earlier request's block (same KV content), and
+/// the engine may simply switch to it.
+/// [`Scheduler::block_table`](crate::Scheduler::block_table) gives the full
+/// table at any time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    /// The step's number, from 0.
+    pub step: u64,
+    /// Prompt chunks to compute (also recomputation after a preemption).
+    pub prefill: Vec<PrefillWork>,
+    /// Requests that compute their tail token and sample the next.
+    pub decode: Vec<DecodeWork>,
+    /// Requests preempted this step: their blocks are gone; they wait again.
+    pub preempted: Vec<RequestId>,
+    /// Requests that left while planning: one that outgrew the whole pool
+    /// ([`FinishReason::CapacityExceeded`]), or one that cannot run at all.
+    pub finished: Vec<Finished>,
+}
+
+impl StepPlan {
+    /// Whether there is nothing to run.
+    pub fn is_empty(&self) -> bool {
+        self.prefill.is_empty() && self.decode.is_empty()
+    }
+
+    /// Tokens computed this step.
+    pub fn num_tokens(&self) -> usize {
+        self.prefill.iter().map(|p| p.num_tokens).sum::<usize>() + self.decode.len()
+    }
+}
+
+/// A prefill chunk: compute KV for tokens `start .. start + num_tokens`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillWork {
+    /// The request.
+    pub id: RequestId,
+    /// The first token position of the chunk (its KV position).
+    pub start: usize,
+    /// Tokens in the chunk.
+    pub num_tokens: usize,
+    /// Whether the chunk ends the prompt and must sample the first token.
+    pub emits_token: bool,
+    /// Blocks to append to the request's table (the whole table if `resumed`).
+    pub new_blocks: Vec<BlockId>,
+    /// Whether the table starts fresh this step.
+    pub resumed: bool,
+}
+
+/// A decode step: compute the KV of the token at `position` and sample the next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeWork {
+    /// The request.
+    pub id: RequestId,
+    /// Position of the token whose KV is computed.
+    pub position: usize,
+    /// Blocks to append to the request's table (the whole table if `resumed`).
+    pub new_blocks: Vec<BlockId>,
+    /// Whether the table starts fresh this step.
+    pub resumed: bool,
+}
+
+/// What the engine sampled for one planned request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineOutput {
+    /// The request.
+    pub id: RequestId,
+    /// The sampled token: required for decodes and emitting prefill chunks,
+    /// absent for other chunks.
+    pub token: Option<u32>,
+    /// The engine saw a stop condition (end-of-sequence, stop string): the
+    /// request finishes after this token.
+    pub stop: bool,
+}
+
+impl EngineOutput {
+    /// A sampled token, no stop.
+    pub fn token(id: RequestId, token: u32) -> Self {
+        Self {
+            id,
+            token: Some(token),
+            stop: false,
+        }
+    }
+
+    /// A chunk that samples nothing.
+    pub fn no_token(id: RequestId) -> Self {
+        Self {
+            id,
+            token: None,
+            stop: false,
+        }
+    }
+
+    /// A sampled token that ends the request.
+    pub fn stop(id: RequestId, token: u32) -> Self {
+        Self {
+            id,
+            token: Some(token),
+            stop: true,
+        }
+    }
+}
+
+/// What applying a step changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// The step applied.
+    pub step: u64,
+    /// Requests that produced their first token this step.
+    pub first_tokens: Vec<RequestId>,
+    /// Tokens generated this step, over all requests.
+    pub generated_tokens: usize,
+    /// Requests that finished, with why and how many tokens they generated.
+    pub finished: Vec<Finished>,
+}
+
+/// A request that left the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// The request.
+    pub id: RequestId,
+    /// Why it finished.
+    pub reason: FinishReason,
+    /// Tokens it generated.
+    pub generated_tokens: usize,
+}

@@ -1,0 +1,112 @@
+//! [`InferenceRequest`]: what a front end hands the scheduler, and the ids and
+//! reasons that name a request's fate.
+
+use std::fmt;
+use std::sync::Arc;
+
+use kvbm_sequence::Salt;
+
+use crate::{Priority, Request};
+
+/// Names one request for its whole life in a [`Scheduler`](crate::Scheduler).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// A generation request: a tokenized prompt and how much it may generate.
+///
+/// Cloning is cheap (the prompt is shared).
+#[derive(Clone)]
+pub struct InferenceRequest {
+    id: RequestId,
+    priority: Priority,
+    prompt: Arc<[u32]>,
+    max_new_tokens: u32,
+    salt: Salt,
+}
+
+impl InferenceRequest {
+    /// A [`Priority::Normal`] request without salt.
+    pub fn new(id: RequestId, prompt: impl Into<Arc<[u32]>>, max_new_tokens: u32) -> Self {
+        Self {
+            id,
+            priority: Priority::Normal,
+            prompt: prompt.into(),
+            max_new_tokens,
+            salt: Salt::NONE,
+        }
+    }
+
+    /// Sets the priority.
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Isolates this request's cache entries (a LoRA adapter or tenant):
+    /// only requests with the same salt share prefix blocks.
+    pub fn with_salt(mut self, salt: Salt) -> Self {
+        self.salt = salt;
+        self
+    }
+
+    /// The prompt tokens.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The salt.
+    pub fn salt(&self) -> Salt {
+        self.salt
+    }
+}
+
+impl Request for InferenceRequest {
+    type Id = RequestId;
+
+    fn id(&self) -> RequestId {
+        self.id
+    }
+
+    fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    fn prompt_tokens(&self) -> u32 {
+        u32::try_from(self.prompt.len()).unwrap_or(u32::MAX)
+    }
+
+    fn max_new_tokens(&self) -> u32 {
+        self.max_new_tokens
+    }
+}
+
+impl fmt::Debug for InferenceRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InferenceRequest")
+            .field("id", &self.id)
+            .field("priority", &self.priority)
+            .field("prompt_tokens", &self.prompt.len())
+            .field("max_new_tokens", &self.max_new_tokens)
+            .finish()
+    }
+}
+
+/// Why a request left the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// It generated `max_new_tokens` tokens.
+    MaxTokens,
+    /// The engine reported a stop (end-of-sequence or a stop string).
+    Stop,
+    /// [`Scheduler::abort`](crate::Scheduler::abort) took it out.
+    Aborted,
+    /// Its length outgrew the whole block pool: even running alone it could
+    /// not get a block for its next token.
+    CapacityExceeded,
+}
