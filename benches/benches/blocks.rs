@@ -21,14 +21,10 @@ fn chain_values(rng: &mut Xorshift, len: usize) -> Vec<u64> {
 mod ours {
     use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
 
-    pub(crate) struct Gpu;
+    pub(crate) use kvbm_benches::ours::Gpu;
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<Gpu> {
-        BlockManager::builder()
-            .block_count(blocks)
-            .block_size(super::BLOCK_SIZE)
-            .build()
-            .expect("valid configuration")
+        kvbm_benches::ours::manager(blocks, super::BLOCK_SIZE)
     }
 
     pub(crate) fn hashes(values: &[u64]) -> Vec<SequenceHash> {
@@ -60,16 +56,10 @@ mod ours {
 
 mod peer {
     use dynamo_tokens::PositionalLineageHash;
-    use kvbm_logical::{BlockManager, BlockRegistry, ImmutableBlock};
+    use kvbm_logical::{BlockManager, ImmutableBlock};
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<()> {
-        BlockManager::<()>::builder()
-            .block_count(blocks)
-            .block_size(super::BLOCK_SIZE)
-            .registry(BlockRegistry::new())
-            .with_lru_backend()
-            .build()
-            .expect("valid configuration")
+        kvbm_benches::peer::manager(blocks, super::BLOCK_SIZE)
     }
 
     pub(crate) fn hashes(values: &[u64]) -> Vec<PositionalLineageHash> {

@@ -46,14 +46,10 @@ mod ours {
     use kvbm_blocks::BlockManager;
     use kvbm_schedule::{HistoryPolicy, SchedulableSequence};
 
-    pub(crate) struct Gpu;
+    pub(crate) use kvbm_benches::ours::Gpu;
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<Gpu> {
-        BlockManager::builder()
-            .block_count(blocks)
-            .block_size(super::BLOCK_SIZE)
-            .build()
-            .expect("valid configuration")
+        kvbm_benches::ours::manager(blocks, super::BLOCK_SIZE)
     }
 
     /// One request through prefill chunks and decode steps; returned so that
@@ -89,16 +85,10 @@ mod ours {
 }
 
 mod peer {
-    use kvbm_logical::{BlockManager, BlockRegistry, SchedulableSequence};
+    use kvbm_logical::{BlockManager, SchedulableSequence};
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<()> {
-        BlockManager::<()>::builder()
-            .block_count(blocks)
-            .block_size(super::BLOCK_SIZE)
-            .registry(BlockRegistry::new())
-            .with_lru_backend()
-            .build()
-            .expect("valid configuration")
+        kvbm_benches::peer::manager(blocks, super::BLOCK_SIZE)
     }
 
     /// The same request through kvbm-logical's `SchedulableSequence`.

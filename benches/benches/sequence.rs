@@ -44,14 +44,10 @@ mod ours {
     use kvbm_blocks::BlockManager;
     use kvbm_sequence::RequestSequence;
 
-    pub(crate) struct Gpu;
+    pub(crate) use kvbm_benches::ours::Gpu;
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<Gpu> {
-        BlockManager::builder()
-            .block_count(blocks)
-            .block_size(super::BLOCK_SIZE)
-            .build()
-            .expect("valid configuration")
+        kvbm_benches::ours::manager(blocks, super::BLOCK_SIZE)
     }
 
     /// One request's lifecycle; the sequence is returned so that its drop
@@ -78,16 +74,10 @@ mod ours {
 }
 
 mod peer {
-    use kvbm_logical::{BlockManager, BlockRegistry, RequestSequence};
+    use kvbm_logical::{BlockManager, RequestSequence};
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<()> {
-        BlockManager::<()>::builder()
-            .block_count(blocks)
-            .block_size(super::BLOCK_SIZE)
-            .registry(BlockRegistry::new())
-            .with_lru_backend()
-            .build()
-            .expect("valid configuration")
+        kvbm_benches::peer::manager(blocks, super::BLOCK_SIZE)
     }
 
     /// The same lifecycle through kvbm-logical's `RequestSequence`.

@@ -35,3 +35,34 @@ impl Xorshift {
         self.0
     }
 }
+
+/// Building our side of a comparison.
+pub mod ours {
+    /// The storage-tier marker every kvbm benchmark uses.
+    #[derive(Debug)]
+    pub struct Gpu;
+
+    /// A kvbm LRU pool.
+    pub fn manager(blocks: usize, block_size: usize) -> kvbm_blocks::BlockManager<Gpu> {
+        kvbm_blocks::BlockManager::builder()
+            .block_count(blocks)
+            .block_size(block_size)
+            .build()
+            .expect("valid configuration")
+    }
+}
+
+/// Building the peer's side of a comparison: kvbm-logical 1.6.1 configured
+/// like ours (LRU inactive pool, a plain registry, no frequency tracker).
+pub mod peer {
+    /// A kvbm-logical LRU pool.
+    pub fn manager(blocks: usize, block_size: usize) -> kvbm_logical::BlockManager<()> {
+        kvbm_logical::BlockManager::<()>::builder()
+            .block_count(blocks)
+            .block_size(block_size)
+            .registry(kvbm_logical::BlockRegistry::new())
+            .with_lru_backend()
+            .build()
+            .expect("valid configuration")
+    }
+}
