@@ -29,12 +29,41 @@ impl Capacity {
     /// [`SimError::ZeroCapacity`] for zero blocks or fewer tokens than one
     /// block, [`SimError::CapacityTooLarge`] beyond what a pool addresses.
     pub fn resolve(self, workload: &Workload) -> Result<usize, SimError> {
-        let block_size = workload.block_size();
+        // A pool needs one block even when the workload has none.
+        self.resolve_with(workload.block_size(), || {
+            workload.distinct_blocks().max(1) as u64
+        })
+    }
+
+    /// The pool size in blocks of `block_size` tokens, for a bounded
+    /// capacity (serve mode, where "room for every distinct block" means
+    /// nothing: running requests hold blocks no cache ever shares).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::UnboundedServe`] for [`Capacity::Unbounded`], and the
+    /// errors of [`resolve`](Self::resolve).
+    pub fn resolve_bounded(self, block_size: usize) -> Result<usize, SimError> {
+        let mut unbounded = false;
+        let blocks = self.resolve_with(block_size, || {
+            unbounded = true;
+            1
+        });
+        if unbounded {
+            return Err(SimError::UnboundedServe);
+        }
+        blocks
+    }
+
+    fn resolve_with(
+        self,
+        block_size: usize,
+        unbounded: impl FnOnce() -> u64,
+    ) -> Result<usize, SimError> {
         let blocks = match self {
             Self::Blocks(blocks) => blocks,
-            Self::Tokens(tokens) => tokens / block_size as u64,
-            // A pool needs one block even when the workload has none.
-            Self::Unbounded => workload.distinct_blocks().max(1) as u64,
+            Self::Tokens(tokens) => tokens / block_size.max(1) as u64,
+            Self::Unbounded => unbounded(),
         };
         if blocks == 0 {
             return Err(SimError::ZeroCapacity {
@@ -147,6 +176,20 @@ mod tests {
         }
         assert!(Capacity::parse_count("99999999999999999999").is_err());
         assert!(Capacity::parse_count("20000000000G").is_err());
+    }
+
+    #[test]
+    fn bounded_capacities_resolve_without_a_workload() {
+        assert_eq!(Capacity::Tokens(3_000_000).resolve_bounded(16).unwrap(), 187_500);
+        assert_eq!(Capacity::Blocks(7).resolve_bounded(16).unwrap(), 7);
+        assert!(matches!(
+            Capacity::Unbounded.resolve_bounded(16),
+            Err(SimError::UnboundedServe)
+        ));
+        assert!(matches!(
+            Capacity::Tokens(15).resolve_bounded(16),
+            Err(SimError::ZeroCapacity { .. })
+        ));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use kvbm_blocks::BlockError;
+use kvbm_queue::SchedulerError;
 
 /// Everything that can go wrong loading a trace, configuring a replay or
 /// writing its results.
@@ -76,6 +77,40 @@ pub enum SimError {
         blocks: u64,
         /// The largest pool kvbm-blocks supports.
         max: usize,
+    },
+    /// Serve mode was asked for an unbounded pool, which means nothing there:
+    /// running requests hold blocks that no other request can share.
+    #[error(
+        "serve mode needs a bounded KV pool: give a capacity in blocks or tokens (--capacity-blocks N or --capacity-tokens N)"
+    )]
+    UnboundedServe,
+    /// A step-time cost that is negative, not a number, or over an hour.
+    #[error(
+        "step time {what} must be a finite number of milliseconds between 0 and 3,600,000, got {value}"
+    )]
+    InvalidStepTime {
+        /// Which cost (`per step`, `per prefill token`, `per decoding request`).
+        what: &'static str,
+        /// The value given, in milliseconds.
+        value: f64,
+    },
+    /// The scheduler refused its configuration (a zero limit, for instance)
+    /// or an operation the replay relies on (a bug in the simulator or in
+    /// kvbm-queue).
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] SchedulerError),
+    /// The scheduler planned nothing while requests were waiting and no more
+    /// were due to arrive: the replay cannot finish. A bug in kvbm.
+    #[error(
+        "the scheduler stopped making progress at step {step} with {waiting} waiting and {running} running requests"
+    )]
+    Stalled {
+        /// The scheduler's step number.
+        step: u64,
+        /// Requests waiting.
+        waiting: u64,
+        /// Requests running.
+        running: u64,
     },
     /// An eviction policy name that is not `lru`, `multi-level` or `lineage`.
     #[error("unknown eviction policy `{name}` (expected lru, multi-level or lineage)")]

@@ -83,6 +83,10 @@ pub use capacity::Capacity;
 pub use error::SimError;
 pub use eviction::Eviction;
 pub use mode::cache::{CacheConfig, CacheOccupancy, CacheReport, CacheSim, RequestOutcome};
+pub use mode::serve::{
+    AdmissionStats, Latency, RequestTimeline, ServeConfig, ServeOutcome, ServeReport, StepTime,
+    prompt_tokens, trace_token,
+};
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;
 pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};

@@ -6,6 +6,11 @@
 //!          [--capacity-blocks N | --capacity-tokens N | --unbounded]
 //!          [--eviction lru|multi-level|lineage] [--json]
 //! kvbm-sim sweep --trace FILE --capacities 1k,2k,6k --evictions lru,lineage --out DIR
+//! kvbm-sim serve --trace FILE [--block-size N] [--capacity-blocks N | --capacity-tokens N]
+//!          [--eviction ...] [--max-running N] [--token-budget N] [--chunk-size N]
+//!          [--watermark-blocks N] [--reserve N|full] [--step-ms F]
+//!          [--prefill-token-ms F] [--decode-request-ms F] [--limit N]
+//!          [--audit-every N] [--json]
 //! ```
 //!
 //! Reports go to stdout (that is this program's job; it writes through a
@@ -14,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, Write};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -21,7 +27,11 @@ use std::time::{Duration, Instant};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvbm_sim::{CacheConfig, Capacity, Eviction, Progress, SimError, SweepConfig, Trace, Workload};
+use kvbm_queue::{GenerationReserve, SchedulerConfig};
+use kvbm_sim::{
+    CacheConfig, Capacity, Eviction, Progress, ServeConfig, SimError, StepTime, SweepConfig,
+    Trace, Workload,
+};
 
 /// Replays Mooncake-format request traces through kvbm's block manager.
 ///
@@ -44,6 +54,9 @@ enum Command {
     Cache(CacheArgs),
     /// Run cache mode over capacities and policies; write a table and an SVG plot.
     Sweep(SweepArgs),
+    /// Replay arrivals through the continuous-batching scheduler in simulated
+    /// time; report latencies, throughput, preemptions and hits.
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +137,101 @@ struct SweepArgs {
     json: bool,
 }
 
+#[derive(Debug, Args)]
+#[group(multiple = false)]
+struct ServeCapacityArgs {
+    /// KV pool size in blocks (6000, 6k, 1.5M).
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    capacity_blocks: Option<u64>,
+    /// KV pool size in tokens, rounded down to whole blocks [default: 3M].
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    capacity_tokens: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Mooncake-format JSONL trace [default: the embedded conversation excerpt].
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Replay only the first N requests of the trace (in file order).
+    #[arg(long, value_name = "N")]
+    limit: Option<NonZeroUsize>,
+    /// Tokens per KV block; must divide the trace's 512.
+    #[arg(long, value_name = "N", default_value_t = ServeConfig::default().block_size)]
+    block_size: usize,
+    #[command(flatten)]
+    capacity: ServeCapacityArgs,
+    /// Which cached block to evict first.
+    #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
+    eviction: Eviction,
+    /// Most requests running at once.
+    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().max_running)]
+    max_running: usize,
+    /// Most tokens one step computes (prefill chunks plus one per decode).
+    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().token_budget)]
+    token_budget: usize,
+    /// Most prompt tokens one request prefills per step.
+    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().chunk_size)]
+    chunk_size: usize,
+    /// Blocks admission keeps free for running requests to grow into [default: 1% of the pool].
+    #[arg(long, value_name = "N")]
+    watermark_blocks: Option<usize>,
+    /// Generated tokens admission reserves per request: a cap, or `full`.
+    #[arg(long, value_name = "N|full", default_value = "256", value_parser = parse_reserve)]
+    reserve: GenerationReserve,
+    /// Simulated fixed cost of a step, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5.0)]
+    step_ms: f64,
+    /// Simulated cost per prefilled token, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0.05)]
+    prefill_token_ms: f64,
+    /// Simulated cost per decoding request in a step, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0.1)]
+    decode_request_ms: f64,
+    /// Check the scheduler's conservation laws every N steps (0: only at the end).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    audit_every: u64,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ServeArgs {
+    fn config(&self) -> Result<ServeConfig, SimError> {
+        let capacity = match (self.capacity.capacity_blocks, self.capacity.capacity_tokens) {
+            (Some(blocks), _) => Capacity::Blocks(blocks),
+            (None, Some(tokens)) => Capacity::Tokens(tokens),
+            (None, None) => ServeConfig::default().capacity,
+        };
+        let mut scheduler = SchedulerConfig::default()
+            .with_max_running(self.max_running)
+            .with_token_budget(self.token_budget)
+            .with_chunk_size(self.chunk_size)
+            .with_reserve(self.reserve);
+        if let Some(blocks) = self.watermark_blocks {
+            scheduler = scheduler.with_watermark_blocks(blocks);
+        }
+        let step_time =
+            StepTime::from_millis(self.step_ms, self.prefill_token_ms, self.decode_request_ms)?;
+        Ok(ServeConfig::new(self.block_size, capacity)
+            .with_eviction(self.eviction)
+            .with_scheduler(scheduler)
+            .with_step_time(step_time)
+            .with_audit_every(self.audit_every))
+    }
+}
+
+/// `full`, or a cap in tokens.
+fn parse_reserve(text: &str) -> Result<GenerationReserve, String> {
+    if text.trim().eq_ignore_ascii_case("full") {
+        return Ok(GenerationReserve::Full);
+    }
+    text.trim()
+        .parse::<u32>()
+        .map(GenerationReserve::Capped)
+        .map_err(|_| format!("`{text}` is neither `full` nor a token count"))
+}
+
 /// Lists the policy names in `--help` and parses them with the library.
 fn eviction_parser() -> impl TypedValueParser<Value = Eviction> {
     PossibleValuesParser::new(Eviction::ALL.map(Eviction::name))
@@ -138,6 +246,7 @@ fn main() -> ExitCode {
         None => run_default(&mut out, &mut progress),
         Some(Command::Cache(args)) => run_cache(&args, &mut out, &mut progress),
         Some(Command::Sweep(args)) => run_sweep(&args, &mut out, &mut progress),
+        Some(Command::Serve(args)) => run_serve(&args, &mut out, &mut progress),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -167,8 +276,12 @@ struct Loaded {
 }
 
 fn load(args: &TraceArgs, progress: &mut Bar) -> Result<Loaded, SimError> {
+    load_path(args.trace.as_ref(), progress)
+}
+
+fn load_path(path: Option<&PathBuf>, progress: &mut Bar) -> Result<Loaded, SimError> {
     let started = Instant::now();
-    let (trace, source) = match &args.trace {
+    let (trace, source) = match path {
         Some(path) => (
             Trace::from_path_with_progress(path, progress)?,
             path.display().to_string(),
@@ -225,7 +338,7 @@ fn run_cache(args: &CacheArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
         writeln!(out, "{json}")?;
         return Ok(());
     }
-    write_trace_summary(out, &loaded, split_time)?;
+    write_trace_summary(out, &loaded, Some(split_time))?;
     write!(out, "{report}")?;
     Ok(())
 }
@@ -258,7 +371,7 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
         writeln!(out, "{json}")?;
         return Ok(());
     }
-    write_trace_summary(out, &loaded, split_time)?;
+    write_trace_summary(out, &loaded, Some(split_time))?;
     writeln!(
         out,
         "block hit rate by cache capacity and eviction policy (block size {}):\n",
@@ -283,10 +396,31 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     Ok(())
 }
 
+fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
+    let config = args.config()?;
+    let mut loaded = load_path(args.trace.as_ref(), progress)?;
+    if let Some(limit) = args.limit {
+        loaded.trace.truncate(limit);
+    }
+    let report = kvbm_sim::mode::serve::replay(&loaded.trace, &config, progress)?;
+    if args.json {
+        let mut json = report.to_json();
+        if let Some(object) = json.as_object_mut() {
+            object.insert("trace".to_owned(), loaded.source.into());
+            object.insert("load_ms".to_owned(), millis(loaded.load_time).into());
+        }
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    write_trace_summary(out, &loaded, None)?;
+    write!(out, "{report}")?;
+    Ok(())
+}
+
 fn write_trace_summary(
     out: &mut impl Write,
     loaded: &Loaded,
-    split_time: Duration,
+    split_time: Option<Duration>,
 ) -> io::Result<()> {
     let summary = loaded.trace.summary();
     writeln!(out, "trace: {}", loaded.source)?;
@@ -298,12 +432,15 @@ fn write_trace_summary(
         summary.mean_input_tokens(),
         summary.mean_output_tokens()
     )?;
-    writeln!(
-        out,
-        "  parsed in {:.1} ms, split into blocks in {:.1} ms\n",
-        millis(loaded.load_time),
-        millis(split_time)
-    )
+    match split_time {
+        Some(split_time) => writeln!(
+            out,
+            "  parsed in {:.1} ms, split into blocks in {:.1} ms\n",
+            millis(loaded.load_time),
+            millis(split_time)
+        ),
+        None => writeln!(out, "  parsed in {:.1} ms\n", millis(loaded.load_time)),
+    }
 }
 
 fn millis(duration: Duration) -> f64 {

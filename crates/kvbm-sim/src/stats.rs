@@ -35,6 +35,23 @@ impl HitStats {
         self.hit_tokens += hit_tokens.min(request.input_tokens);
     }
 
+    /// Counts one request of `input_blocks` blocks whose first `hit_tokens`
+    /// prompt tokens were cached, in whole blocks of `block_size` (serve
+    /// mode, where the scheduler reports hits in tokens).
+    pub(crate) fn record_tokens(
+        &mut self,
+        input_tokens: u64,
+        input_blocks: u64,
+        hit_tokens: u64,
+        block_size: usize,
+    ) {
+        self.requests += 1;
+        self.input_blocks += input_blocks;
+        self.input_tokens += input_tokens;
+        self.hit_tokens += hit_tokens;
+        self.hit_blocks += hit_tokens / block_size.max(1) as u64;
+    }
+
     /// `hit_blocks / input_blocks`, in `0.0..=1.0` (0 with no blocks).
     pub fn block_hit_rate(&self) -> f64 {
         ratio(self.hit_blocks, self.input_blocks)

@@ -169,6 +169,12 @@ impl Trace {
         Ok(Self { requests })
     }
 
+    /// Keeps only the first `len` requests in file order (all of them if
+    /// there are fewer).
+    pub fn truncate(&mut self, len: std::num::NonZeroUsize) {
+        self.requests.truncate(len.get());
+    }
+
     /// The requests in file order.
     pub fn requests(&self) -> &[TraceRequest] {
         &self.requests

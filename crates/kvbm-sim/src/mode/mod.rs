@@ -8,9 +8,9 @@
 //! - [`cache`]: requests one after another through a block manager used as
 //!   a prefix cache, to study hit rate against capacity and eviction policy.
 //!
-//! A `serve` mode (requests arriving at their timestamps into the queue and
-//! running through the scheduler, with a step-time model and latency
-//! percentiles) belongs beside `cache` as `mode::serve`, with its own config
-//! and a report that adds latencies to the same hit accounting.
+//! - [`serve`]: requests arriving at their timestamps into the queue and
+//!   running through the scheduler in simulated time, with a step-time model,
+//!   latency percentiles and the hit rate the scheduler saw.
 
 pub mod cache;
+pub mod serve;

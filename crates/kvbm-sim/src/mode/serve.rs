@@ -1,0 +1,577 @@
+//! `serve` mode: requests arrive at their trace timestamps and run through
+//! kvbm's continuous-batching [`Scheduler`] in simulated time.
+//!
+//! # The loop
+//!
+//! Simulated time starts at 0 (the trace's time origin) and only moves in
+//! whole steps:
+//!
+//! 1. every request whose `timestamp` has come is [`submit`](Scheduler::submit)ted,
+//!    in order of arrival (ties in trace order), with its prompt rebuilt
+//!    from its `hash_ids` ([`prompt_tokens`](crate::prompt_tokens)) and
+//!    `max_new_tokens = output_length` (0 makes a prompt-only request);
+//! 2. the scheduler plans a step ([`Scheduler::step`]); a stand-in engine
+//!    "runs" it, sampling a synthetic token wherever one is due and never
+//!    reporting a stop, so every request generates exactly its
+//!    `output_length` tokens; the results go back through
+//!    [`Scheduler::apply`];
+//! 3. time advances by the step's [`StepTime`]; tokens emitted by the step
+//!    count as emitted at its end;
+//! 4. when nothing runs and nothing waits, time jumps to the next arrival.
+//!
+//! The replay ends when every request has left. The scheduler's census must
+//! then balance (every accepted request finished), and
+//! [`Scheduler::audit`] checks both conservation laws at the end and, with
+//! [`ServeConfig::audit_every`], every so many steps.
+//!
+//! # What is counted
+//!
+//! - **Requests** are the ones the scheduler accepted. A request it refuses
+//!   at submission is counted in [`ServeReport::rejected_requests`] and in
+//!   nothing else: an empty prompt, or a prompt plus generation reserve
+//!   larger than the whole pool.
+//! - **Hits** ([`ServeReport::hits`]) are prefix-cache hits as the scheduler
+//!   saw them when it *first admitted* each request: the tokens its matched
+//!   prefix covered, which is where its first prefill chunk starts. That is
+//!   `census().prefix_hit_tokens` counted once per request. Matches are
+//!   whole blocks, so `hit_blocks = hit_tokens / block_size`; the match
+//!   never covers a prompt's last token (a forward pass must sample the first
+//!   token), so an entirely cached prompt hits one block less than in
+//!   `cache` mode. `input_blocks` is `ceil(input_length / block_size)`.
+//! - **Admissions** ([`ServeReport::admissions`]) count every admission,
+//!   resumptions after preemption included, exactly as the scheduler's
+//!   census does: a resumed request counts its prompt *and the tokens it had
+//!   generated* in `admitted_tokens`, and the part of them it found cached
+//!   (its own registered blocks, usually) in `admitted_hit_tokens`. Without
+//!   preemptions the two accountings agree.
+//! - **Latencies**: TTFT runs from arrival to the end of the step that
+//!   emitted the request's first token; TPOT is a request's
+//!   `(finish - first token) / (output_length - 1)`, for requests with at
+//!   least two output tokens (vLLM's definitions); end-to-end runs from
+//!   arrival to the end of the step that finished it. Each is summarized as
+//!   nearest-rank percentiles over requests ([`Latency`]).
+//! - **Throughput** divides generated tokens and finished requests by the
+//!   simulated duration, from the first arrival to the end of the last step.
+
+mod latency;
+mod report;
+mod step_time;
+mod tokens;
+
+use std::time::{Duration, Instant};
+
+use kvbm_blocks::BlockManager;
+use kvbm_queue::{
+    EngineOutput, FinishReason, InferenceRequest, QueueError, RequestId, Scheduler,
+    SchedulerConfig, StepPlan,
+};
+use tracing::instrument;
+
+pub use self::latency::Latency;
+pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
+pub use self::step_time::StepTime;
+pub use self::tokens::{prompt_tokens, trace_token};
+use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Trace};
+
+/// Finished requests between two progress reports.
+const PROGRESS_EVERY: u64 = 256;
+
+/// A timestamp that has not happened.
+const NEVER: u64 = u64::MAX;
+
+/// The storage-tier marker of the simulated pool.
+#[derive(Debug)]
+struct Simulated;
+
+/// What to replay in serve mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServeConfig {
+    /// Tokens per KV block (default 16, vLLM's; must divide 512).
+    pub block_size: usize,
+    /// Size of the KV pool; must be bounded (default 3M tokens, the
+    /// Mooncake paper's smallest cache).
+    pub capacity: Capacity,
+    /// Which cached block to evict first (default LRU).
+    pub eviction: Eviction,
+    /// The scheduler's limits (default: [`SchedulerConfig::default`]).
+    pub scheduler: SchedulerConfig,
+    /// Simulated cost of a step (default: [`StepTime::default`]).
+    pub step_time: StepTime,
+    /// Run [`Scheduler::audit`] every this many scheduler steps (`None`:
+    /// only once, at the end). O(pool blocks) each time: for tests and
+    /// debugging.
+    pub audit_every: Option<u64>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            capacity: Capacity::Tokens(3_000_000),
+            eviction: Eviction::Lru,
+            scheduler: SchedulerConfig::default(),
+            step_time: StepTime::default(),
+            audit_every: None,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// The defaults with another block size and capacity.
+    pub fn new(block_size: usize, capacity: Capacity) -> Self {
+        Self {
+            block_size,
+            capacity,
+            ..Self::default()
+        }
+    }
+
+    /// Sets [`eviction`](Self::eviction).
+    pub fn with_eviction(mut self, eviction: Eviction) -> Self {
+        self.eviction = eviction;
+        self
+    }
+
+    /// Sets [`scheduler`](Self::scheduler).
+    pub fn with_scheduler(mut self, scheduler: SchedulerConfig) -> Self {
+        self.scheduler = scheduler;
+        self
+    }
+
+    /// Sets [`step_time`](Self::step_time).
+    pub fn with_step_time(mut self, step_time: StepTime) -> Self {
+        self.step_time = step_time;
+        self
+    }
+
+    /// Sets [`audit_every`](Self::audit_every) (0 means only at the end).
+    pub fn with_audit_every(mut self, steps: u64) -> Self {
+        self.audit_every = (steps > 0).then_some(steps);
+        self
+    }
+
+    /// Replays `trace` through a fresh scheduler.
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`].
+    pub fn run(&self, trace: &Trace) -> Result<ServeReport, SimError> {
+        replay(trace, self, &mut NoProgress)
+    }
+}
+
+/// Replays `trace` in serve mode with `config`, reporting finished requests
+/// to `progress`.
+///
+/// # Errors
+///
+/// [`SimError::InvalidBlockSize`] unless the block size divides 512;
+/// [`SimError::UnboundedServe`], [`SimError::ZeroCapacity`] or
+/// [`SimError::CapacityTooLarge`] for a pool that cannot be built;
+/// [`SimError::Scheduler`] for a scheduler limit of zero, or if the
+/// scheduler refuses an operation or fails an audit (a bug);
+/// [`SimError::Stalled`] if it stops making progress (a bug).
+#[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
+pub fn replay(
+    trace: &Trace,
+    config: &ServeConfig,
+    progress: &mut dyn Progress,
+) -> Result<ServeReport, SimError> {
+    let block_size = config.block_size;
+    if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
+        return Err(SimError::InvalidBlockSize { block_size });
+    }
+    let capacity_blocks = config.capacity.resolve_bounded(block_size)?;
+    let started = Instant::now();
+    let manager = BlockManager::<Simulated>::builder()
+        .block_count(capacity_blocks)
+        .block_size(block_size)
+        .eviction(config.eviction.policy())
+        .build()?;
+    let scheduler = Scheduler::new(manager, config.scheduler)?;
+    progress.start("serving", trace.len() as u64);
+    let mut sim = ServeSim::new(trace, config, scheduler);
+    let result = sim.run(progress);
+    progress.finish();
+    result?;
+    let mut report = sim.report(capacity_blocks)?;
+    report.replay_time = started.elapsed();
+    Ok(report)
+}
+
+/// One request's life, in nanoseconds of simulated time.
+#[derive(Clone, Copy, Debug)]
+struct Track {
+    arrival: u64,
+    admitted: u64,
+    first_token: u64,
+    finished: u64,
+    /// Order of first admission, `NEVER` before it.
+    admission_rank: u64,
+    /// Prefix tokens matched at the first admission.
+    hit_tokens: u64,
+    preemptions: u32,
+    /// Admitted and holding blocks, as far as the plans have said.
+    running: bool,
+    outcome: ServeOutcome,
+}
+
+/// The replay loop's state.
+struct ServeSim<'a> {
+    trace: &'a Trace,
+    eviction: Eviction,
+    step_time: StepTime,
+    audit_every: Option<u64>,
+    scheduler: Scheduler<Simulated>,
+    /// Request indices in arrival order.
+    arrivals: Vec<u32>,
+    next_arrival: usize,
+    tracks: Vec<Track>,
+    /// Simulated time, nanoseconds.
+    now: u64,
+    /// Engine outputs, reused every step.
+    outputs: Vec<EngineOutput>,
+    counters: Counters,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    accepted: u64,
+    rejected: u64,
+    exited: u64,
+    running: u64,
+    max_running: u64,
+    max_waiting: u64,
+    steps: u64,
+    scheduler_steps: u64,
+    busy: u64,
+    prefill_tokens: u64,
+    decode_tokens: u64,
+    output_tokens: u64,
+    admissions: u64,
+    admitted_hit_tokens: u64,
+    preemptions: u64,
+    first_admissions: u64,
+    unreported: u64,
+}
+
+impl<'a> ServeSim<'a> {
+    fn new(trace: &'a Trace, config: &ServeConfig, scheduler: Scheduler<Simulated>) -> Self {
+        let requests = trace.requests();
+        let mut arrivals: Vec<u32> = (0..requests.len() as u32).collect();
+        // Stable: equal timestamps keep trace order.
+        arrivals.sort_by_key(|&index| requests.get(index as usize).map_or(0, |r| r.timestamp));
+        let tracks = requests
+            .iter()
+            .map(|request| Track {
+                arrival: request.timestamp.saturating_mul(1_000_000),
+                admitted: NEVER,
+                first_token: NEVER,
+                finished: NEVER,
+                admission_rank: NEVER,
+                hit_tokens: 0,
+                preemptions: 0,
+                running: false,
+                outcome: ServeOutcome::Pending,
+            })
+            .collect();
+        Self {
+            trace,
+            eviction: config.eviction,
+            step_time: config.step_time,
+            audit_every: config.audit_every,
+            scheduler,
+            arrivals,
+            next_arrival: 0,
+            tracks,
+            now: 0,
+            outputs: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    fn next_arrival_time(&self) -> Option<u64> {
+        let &index = self.arrivals.get(self.next_arrival)?;
+        self.tracks.get(index as usize).map(|track| track.arrival)
+    }
+
+    fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
+        if let Some(first) = self.next_arrival_time() {
+            self.now = first;
+        }
+        loop {
+            self.submit_arrivals()?;
+            if self.scheduler.is_idle() {
+                match self.next_arrival_time() {
+                    Some(time) => {
+                        self.now = self.now.max(time);
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            let plan = self.scheduler.step()?;
+            let changed = self.step(&plan)?;
+            if !changed {
+                // Nothing ran or moved: only an arrival can change that.
+                match self.next_arrival_time() {
+                    Some(time) => self.now = self.now.max(time),
+                    None => {
+                        let census = self.scheduler.census();
+                        return Err(SimError::Stalled {
+                            step: plan.step,
+                            waiting: census.waiting,
+                            running: census.running,
+                        });
+                    }
+                }
+            }
+            if self
+                .audit_every
+                .is_some_and(|every| self.counters.scheduler_steps.is_multiple_of(every))
+            {
+                self.scheduler.audit()?;
+            }
+            if self.counters.unreported >= PROGRESS_EVERY {
+                progress.advance(self.counters.unreported);
+                self.counters.unreported = 0;
+            }
+        }
+        progress.advance(self.counters.unreported);
+        self.counters.unreported = 0;
+        Ok(())
+    }
+
+    /// Submits every request that has arrived by now.
+    fn submit_arrivals(&mut self) -> Result<(), SimError> {
+        let requests = self.trace.requests();
+        while let Some(&index) = self.arrivals.get(self.next_arrival) {
+            let index = index as usize;
+            let (Some(track), Some(request)) = (self.tracks.get_mut(index), requests.get(index))
+            else {
+                break;
+            };
+            if track.arrival > self.now {
+                break;
+            }
+            self.next_arrival += 1;
+            if request.input_length == 0 {
+                track.outcome = ServeOutcome::RejectedEmpty;
+                self.counters.rejected += 1;
+                self.counters.unreported += 1;
+                continue;
+            }
+            let input_length = usize::try_from(request.input_length).unwrap_or(usize::MAX);
+            let prompt = tokens::prompt_arc(&request.hash_ids, input_length);
+            let max_new = u32::try_from(request.output_length).unwrap_or(u32::MAX);
+            let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new);
+            match self.scheduler.submit(inference) {
+                Ok(()) => self.counters.accepted += 1,
+                Err(rejected) => {
+                    track.outcome = match rejected.error() {
+                        QueueError::TooLarge { .. } => ServeOutcome::RejectedTooLarge,
+                        QueueError::EmptyPrompt => ServeOutcome::RejectedEmpty,
+                        other => {
+                            return Err(SimError::Scheduler(other.clone().into()));
+                        }
+                    };
+                    self.counters.rejected += 1;
+                    self.counters.unreported += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one planned step through the stand-in engine and applies it.
+    /// Returns whether anything ran or changed.
+    fn step(&mut self, plan: &StepPlan) -> Result<bool, SimError> {
+        self.counters.scheduler_steps += 1;
+        let start = self.now;
+        // The queue as this step's admission found it.
+        let waiting = self
+            .counters
+            .accepted
+            .saturating_sub(self.counters.exited + self.counters.running);
+        self.counters.max_waiting = self.counters.max_waiting.max(waiting);
+        for &id in &plan.preempted {
+            if let Some(track) = self.tracks.get_mut(id.0 as usize) {
+                track.running = false;
+                track.preemptions += 1;
+            }
+            self.counters.preemptions += 1;
+            self.counters.running = self.counters.running.saturating_sub(1);
+        }
+        for finished in &plan.finished {
+            self.finish(finished.id, finished.reason, start);
+        }
+        // Admissions: a request the plan hands a fresh table that was not
+        // running. Its work starts at its matched prefix.
+        let admitted = plan
+            .prefill
+            .iter()
+            .filter(|work| work.resumed)
+            .map(|work| (work.id, work.start))
+            .chain(
+                plan.decode
+                    .iter()
+                    .filter(|work| work.resumed)
+                    .map(|work| (work.id, work.position)),
+            );
+        for (id, hits) in admitted {
+            let Some(track) = self.tracks.get_mut(id.0 as usize) else {
+                continue;
+            };
+            if track.running {
+                continue; // a table swap after deduplication, not an admission
+            }
+            track.running = true;
+            self.counters.running += 1;
+            self.counters.admissions += 1;
+            self.counters.admitted_hit_tokens += hits as u64;
+            if track.admission_rank == NEVER {
+                track.admission_rank = self.counters.first_admissions;
+                self.counters.first_admissions += 1;
+                track.admitted = start;
+                track.hit_tokens = hits as u64;
+            }
+        }
+
+        // The engine: a token wherever one is due, never a stop.
+        self.outputs.clear();
+        let mut prefill_tokens = 0u64;
+        for work in &plan.prefill {
+            prefill_tokens += work.num_tokens as u64;
+            self.outputs.push(if work.emits_token {
+                let token = tokens::sampled_token(work.id.0, work.start + work.num_tokens);
+                EngineOutput::token(work.id, token)
+            } else {
+                EngineOutput::no_token(work.id)
+            });
+        }
+        for work in &plan.decode {
+            let token = tokens::sampled_token(work.id.0, work.position + 1);
+            self.outputs.push(EngineOutput::token(work.id, token));
+        }
+        let decodes = plan.decode.len() as u64;
+        let report = self.scheduler.apply(&self.outputs)?;
+
+        let elapsed = self.step_time.step_nanos(prefill_tokens, decodes);
+        let end = start.saturating_add(elapsed);
+        let ran = !plan.is_empty();
+        if ran {
+            self.counters.steps += 1;
+            self.counters.busy = self.counters.busy.saturating_add(elapsed);
+            self.counters.prefill_tokens += prefill_tokens;
+            self.counters.decode_tokens += decodes;
+            self.counters.max_running = self.counters.max_running.max(self.counters.running);
+        }
+        self.now = end;
+        self.counters.output_tokens += report.generated_tokens as u64;
+        for id in &report.first_tokens {
+            if let Some(track) = self.tracks.get_mut(id.0 as usize)
+                && track.first_token == NEVER
+            {
+                track.first_token = end;
+            }
+        }
+        for finished in &report.finished {
+            self.finish(finished.id, finished.reason, end);
+        }
+        Ok(ran || !plan.preempted.is_empty() || !plan.finished.is_empty())
+    }
+
+    fn finish(&mut self, id: RequestId, reason: FinishReason, at: u64) {
+        let Some(track) = self.tracks.get_mut(id.0 as usize) else {
+            return;
+        };
+        if track.running {
+            self.counters.running = self.counters.running.saturating_sub(1);
+        }
+        track.running = false;
+        track.finished = at;
+        track.outcome = match reason {
+            FinishReason::MaxTokens | FinishReason::Stop => ServeOutcome::Finished,
+            FinishReason::CapacityExceeded => ServeOutcome::CapacityExceeded,
+            FinishReason::Aborted => ServeOutcome::Aborted,
+        };
+        self.counters.exited += 1;
+        self.counters.unreported += 1;
+    }
+
+    /// The report of a finished replay (replay time left at zero).
+    fn report(&self, capacity_blocks: usize) -> Result<ServeReport, SimError> {
+        let census = self.scheduler.audit()?;
+        let block_size = self.scheduler.manager().block_size();
+        let requests = self.trace.requests();
+        let mut hits = HitStats::default();
+        let mut timelines = Vec::with_capacity(self.tracks.len());
+        for (track, request) in self.tracks.iter().zip(requests) {
+            let at = |nanos: u64| (nanos != NEVER).then(|| Duration::from_nanos(nanos));
+            let timeline = RequestTimeline {
+                arrival: Duration::from_nanos(track.arrival),
+                admitted: at(track.admitted),
+                first_token: at(track.first_token),
+                finished: at(track.finished),
+                admission_rank: (track.admission_rank != NEVER).then_some(track.admission_rank),
+                input_tokens: request.input_length,
+                output_tokens: request.output_length,
+                hit_tokens: track.hit_tokens,
+                preemptions: track.preemptions,
+                outcome: track.outcome,
+            };
+            if timeline.outcome.was_accepted() {
+                hits.record_tokens(
+                    request.input_length,
+                    request.input_length.div_ceil(block_size as u64),
+                    track.hit_tokens,
+                    block_size,
+                );
+            }
+            timelines.push(timeline);
+        }
+        let first_arrival = self
+            .arrivals
+            .first()
+            .and_then(|&index| self.tracks.get(index as usize))
+            .map_or(0, |track| track.arrival);
+        let counters = &self.counters;
+        // Every admission the plans showed is one the census counted.
+        debug_assert_eq!(counters.admitted_hit_tokens, census.prefix_hit_tokens);
+        let (ttft, tpot, e2e) = report::latencies(&timelines);
+        Ok(ServeReport {
+            block_size,
+            capacity_blocks,
+            eviction: self.eviction,
+            scheduler: *self.scheduler.config(),
+            step_time: self.step_time,
+            hits,
+            rejected_requests: counters.rejected,
+            admissions: AdmissionStats {
+                admissions: counters.admissions,
+                admitted_tokens: census.prompt_tokens,
+                admitted_hit_tokens: census.prefix_hit_tokens,
+            },
+            census,
+            preemptions: counters.preemptions,
+            evictions: self.scheduler.manager().metrics().evictions,
+            steps: counters.steps,
+            prefill_tokens: counters.prefill_tokens,
+            decode_tokens: counters.decode_tokens,
+            output_tokens: counters.output_tokens,
+            ttft,
+            tpot,
+            e2e,
+            max_running: counters.max_running,
+            max_waiting: counters.max_waiting,
+            sim_duration: Duration::from_nanos(self.now.saturating_sub(first_arrival)),
+            busy_time: Duration::from_nanos(counters.busy),
+            replay_time: Duration::ZERO,
+            requests: timelines,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

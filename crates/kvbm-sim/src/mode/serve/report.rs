@@ -1,0 +1,370 @@
+//! [`ServeReport`]: what a serve-mode replay did, per request and in total.
+
+use std::fmt;
+use std::time::Duration;
+
+use kvbm_queue::{Census, SchedulerConfig};
+use serde_json::json;
+
+use super::latency::ms;
+use super::{Latency, StepTime};
+use crate::format::{group, percent};
+use crate::trace::ratio;
+use crate::{Eviction, HitStats};
+
+/// How a trace request left the simulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ServeOutcome {
+    /// Not arrived or not done yet (never in a finished replay's report).
+    Pending,
+    /// Generated all its `output_length` tokens.
+    Finished,
+    /// Refused at submission: an empty prompt.
+    RejectedEmpty,
+    /// Refused at submission: its prompt plus generation reserve is larger
+    /// than the whole pool.
+    RejectedTooLarge,
+    /// Admitted, but its sequence outgrew the whole pool while generating.
+    CapacityExceeded,
+    /// Taken out by the scheduler for any other reason (a bug).
+    Aborted,
+}
+
+impl ServeOutcome {
+    /// Whether the scheduler accepted the request at submission.
+    pub fn was_accepted(self) -> bool {
+        !matches!(self, Self::RejectedEmpty | Self::RejectedTooLarge)
+    }
+}
+
+/// One trace request's life in simulated time (every time from the start
+/// of the trace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestTimeline {
+    /// Its trace timestamp.
+    pub arrival: Duration,
+    /// Start of the step that first admitted it.
+    pub admitted: Option<Duration>,
+    /// End of the step that emitted its first token.
+    pub first_token: Option<Duration>,
+    /// End of the step it finished in (start of the step that gave up on it,
+    /// for [`ServeOutcome::CapacityExceeded`]).
+    pub finished: Option<Duration>,
+    /// Its place in the order of first admissions (0 first).
+    pub admission_rank: Option<u64>,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Tokens to generate.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the prefix cache at its first admission.
+    pub hit_tokens: u64,
+    /// Times it was preempted.
+    pub preemptions: u32,
+    /// How it left.
+    pub outcome: ServeOutcome,
+}
+
+impl RequestTimeline {
+    /// Time to first token: arrival to the end of the step that emitted it.
+    pub fn ttft(&self) -> Option<Duration> {
+        self.first_token?.checked_sub(self.arrival)
+    }
+
+    /// Time per output token after the first:
+    /// `(finished - first_token) / (output_tokens - 1)`, for finished
+    /// requests with at least two output tokens.
+    pub fn tpot(&self) -> Option<Duration> {
+        if self.outcome != ServeOutcome::Finished || self.output_tokens < 2 {
+            return None;
+        }
+        let decoding = self.finished?.checked_sub(self.first_token?)?;
+        let nanos = decoding.as_nanos() / u128::from(self.output_tokens - 1);
+        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+    }
+
+    /// End to end: arrival to the end of the step that finished it.
+    pub fn e2e(&self) -> Option<Duration> {
+        if self.outcome != ServeOutcome::Finished {
+            return None;
+        }
+        self.finished?.checked_sub(self.arrival)
+    }
+}
+
+/// Admissions as the scheduler's census counts them: every admission,
+/// resumptions after preemption included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdmissionStats {
+    /// Admissions (first ones and resumptions).
+    pub admissions: u64,
+    /// Tokens admitted: a first admission counts its prompt, a resumption
+    /// its prompt and the tokens it had generated (`census.prompt_tokens`).
+    pub admitted_tokens: u64,
+    /// Of those, tokens found in the prefix cache
+    /// (`census.prefix_hit_tokens`).
+    pub admitted_hit_tokens: u64,
+}
+
+impl AdmissionStats {
+    /// `admitted_hit_tokens / admitted_tokens` (0 with none).
+    pub fn hit_rate(&self) -> f64 {
+        ratio(self.admitted_hit_tokens, self.admitted_tokens)
+    }
+}
+
+/// The result of a serve-mode replay. See [the module docs](super) for
+/// exactly what each number counts.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ServeReport {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// The pool's size in blocks.
+    pub capacity_blocks: usize,
+    /// The eviction policy.
+    pub eviction: Eviction,
+    /// The scheduler's limits.
+    pub scheduler: SchedulerConfig,
+    /// The step-time model.
+    pub step_time: StepTime,
+    /// Accepted requests, their blocks and tokens, and the prefix hits at
+    /// their first admission.
+    pub hits: HitStats,
+    /// Requests refused at submission (empty, or larger than the pool).
+    pub rejected_requests: u64,
+    /// Every admission, resumptions included.
+    pub admissions: AdmissionStats,
+    /// The scheduler's census at the end (balanced: nothing waits or runs).
+    pub census: Census,
+    /// Preemptions (a request may be preempted more than once).
+    pub preemptions: u64,
+    /// Cached blocks evicted to make room.
+    pub evictions: u64,
+    /// Engine steps (steps that ran something).
+    pub steps: u64,
+    /// Tokens prefilled, prompt chunks and recomputation alike.
+    pub prefill_tokens: u64,
+    /// Decode work items (one per decoding request per step).
+    pub decode_tokens: u64,
+    /// Tokens generated.
+    pub output_tokens: u64,
+    /// Time to first token over requests that emitted one.
+    pub ttft: Latency,
+    /// Time per output token after the first, over finished requests with
+    /// at least two output tokens.
+    pub tpot: Latency,
+    /// Arrival to finish, over finished requests.
+    pub e2e: Latency,
+    /// Most requests running at once.
+    pub max_running: u64,
+    /// Most requests waiting at once, as a step's planning found them.
+    pub max_waiting: u64,
+    /// First arrival to the end of the last step.
+    pub sim_duration: Duration,
+    /// Sum of step times: the engine's busy time.
+    pub busy_time: Duration,
+    /// Wall time of the replay, building the pool included.
+    pub replay_time: Duration,
+    /// Every trace request, in trace order.
+    pub requests: Vec<RequestTimeline>,
+}
+
+impl ServeReport {
+    /// Requests that finished, generating all their tokens.
+    pub fn finished_requests(&self) -> u64 {
+        self.count(ServeOutcome::Finished)
+    }
+
+    /// Admitted requests that outgrew the pool and were given up.
+    pub fn capacity_exceeded(&self) -> u64 {
+        self.count(ServeOutcome::CapacityExceeded)
+    }
+
+    fn count(&self, outcome: ServeOutcome) -> u64 {
+        self.requests.iter().filter(|r| r.outcome == outcome).count() as u64
+    }
+
+    /// Generated tokens per simulated second.
+    pub fn output_tokens_per_s(&self) -> f64 {
+        per_second(self.output_tokens, self.sim_duration)
+    }
+
+    /// Finished requests per simulated second.
+    pub fn requests_per_s(&self) -> f64 {
+        per_second(self.finished_requests(), self.sim_duration)
+    }
+
+    /// Busy time over simulated duration, in `0.0..=1.0`.
+    pub fn utilization(&self) -> f64 {
+        let total = self.sim_duration.as_secs_f64();
+        if total == 0.0 {
+            0.0
+        } else {
+            self.busy_time.as_secs_f64() / total
+        }
+    }
+
+    /// The pool's size in tokens.
+    pub fn capacity_tokens(&self) -> u64 {
+        (self.capacity_blocks as u64).saturating_mul(self.block_size as u64)
+    }
+
+    /// The report as one JSON object (the `--json` output).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "mode": "serve",
+            "block_size": self.block_size,
+            "capacity_blocks": self.capacity_blocks,
+            "capacity_tokens": self.capacity_tokens(),
+            "eviction": self.eviction.name(),
+            "max_running": self.scheduler.max_running,
+            "token_budget": self.scheduler.token_budget,
+            "chunk_size": self.scheduler.chunk_size,
+            "watermark_blocks": self.scheduler.watermark_blocks,
+            "step_ms": ms(self.step_time.per_step),
+            "prefill_token_ms": ms(self.step_time.per_prefill_token),
+            "decode_request_ms": ms(self.step_time.per_decode_request),
+            "requests": self.hits.requests,
+            "rejected_requests": self.rejected_requests,
+            "finished_requests": self.finished_requests(),
+            "capacity_exceeded": self.capacity_exceeded(),
+            "input_blocks": self.hits.input_blocks,
+            "hit_blocks": self.hits.hit_blocks,
+            "input_tokens": self.hits.input_tokens,
+            "hit_tokens": self.hits.hit_tokens,
+            "block_hit_rate": self.hits.block_hit_rate(),
+            "token_hit_rate": self.hits.token_hit_rate(),
+            "admissions": self.admissions.admissions,
+            "admitted_tokens": self.admissions.admitted_tokens,
+            "admitted_hit_tokens": self.admissions.admitted_hit_tokens,
+            "preemptions": self.preemptions,
+            "evictions": self.evictions,
+            "steps": self.steps,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": self.output_tokens_per_s(),
+            "requests_per_s": self.requests_per_s(),
+            "ttft": self.ttft.to_json(),
+            "tpot": self.tpot.to_json(),
+            "e2e": self.e2e.to_json(),
+            "max_running": self.max_running,
+            "max_waiting": self.max_waiting,
+            "sim_duration_s": self.sim_duration.as_secs_f64(),
+            "utilization": self.utilization(),
+            "replay_ms": ms(self.replay_time),
+        })
+    }
+}
+
+fn per_second(count: u64, duration: Duration) -> f64 {
+    let seconds = duration.as_secs_f64();
+    if seconds == 0.0 {
+        0.0
+    } else {
+        count as f64 / seconds
+    }
+}
+
+/// TTFT, TPOT and end-to-end latency over `requests`.
+pub(super) fn latencies(requests: &[RequestTimeline]) -> (Latency, Latency, Latency) {
+    let nanos = |pick: fn(&RequestTimeline) -> Option<Duration>| {
+        let mut samples: Vec<u64> = requests
+            .iter()
+            .filter_map(pick)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .collect();
+        Latency::from_nanos(&mut samples)
+    };
+    (
+        nanos(RequestTimeline::ttft),
+        nanos(RequestTimeline::tpot),
+        nanos(RequestTimeline::e2e),
+    )
+}
+
+impl fmt::Display for ServeReport {
+    /// A readable summary, several lines, ending in a newline.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hits = &self.hits;
+        writeln!(
+            f,
+            "serve mode: {} requests, block size {}, pool {} blocks = {} tokens, eviction {}",
+            group(hits.requests),
+            self.block_size,
+            group(self.capacity_blocks as u64),
+            group(self.capacity_tokens()),
+            self.eviction
+        )?;
+        writeln!(
+            f,
+            "  scheduler: max running {}, token budget {}, chunk {}, watermark {}",
+            self.scheduler.max_running,
+            self.scheduler.token_budget,
+            self.scheduler.chunk_size,
+            match self.scheduler.watermark_blocks {
+                Some(blocks) => format!("{blocks} blocks"),
+                None => format!("1% ({} blocks)", self.capacity_blocks / 100),
+            }
+        )?;
+        writeln!(f, "  step time: {}", self.step_time)?;
+        writeln!(f, "                 {:>14} {:>16}", "blocks", "tokens")?;
+        writeln!(
+            f,
+            "  input          {:>14} {:>16}",
+            group(hits.input_blocks),
+            group(hits.input_tokens)
+        )?;
+        writeln!(
+            f,
+            "  prefix hits    {:>14} {:>16}   (at first admission)",
+            group(hits.hit_blocks),
+            group(hits.hit_tokens)
+        )?;
+        writeln!(
+            f,
+            "  hit rate       {:>14} {:>16}",
+            percent(hits.block_hit_rate()),
+            percent(hits.token_hit_rate())
+        )?;
+        writeln!(
+            f,
+            "  finished {}, rejected {}, outgrew the pool {}",
+            group(self.finished_requests()),
+            group(self.rejected_requests),
+            group(self.capacity_exceeded())
+        )?;
+        writeln!(
+            f,
+            "  preemptions {}, admissions {} (hit rate {} counting resumptions), evictions {}",
+            group(self.preemptions),
+            group(self.admissions.admissions),
+            percent(self.admissions.hit_rate()),
+            group(self.evictions)
+        )?;
+        writeln!(
+            f,
+            "  simulated {:.1} s in {} steps (engine busy {}), at most {} running and {} waiting",
+            self.sim_duration.as_secs_f64(),
+            group(self.steps),
+            percent(self.utilization()),
+            group(self.max_running),
+            group(self.max_waiting)
+        )?;
+        writeln!(
+            f,
+            "  throughput {:.1} output tokens/s, {:.3} requests/s ({} prefilled, {} generated tokens)",
+            self.output_tokens_per_s(),
+            self.requests_per_s(),
+            group(self.prefill_tokens),
+            group(self.output_tokens)
+        )?;
+        writeln!(f, "  TTFT  {}", self.ttft)?;
+        writeln!(f, "  TPOT  {}", self.tpot)?;
+        writeln!(f, "  E2E   {}", self.e2e)?;
+        writeln!(f, "  replay {:.1} ms", ms(self.replay_time))
+    }
+}
