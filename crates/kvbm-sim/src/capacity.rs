@@ -180,7 +180,10 @@ mod tests {
 
     #[test]
     fn bounded_capacities_resolve_without_a_workload() {
-        assert_eq!(Capacity::Tokens(3_000_000).resolve_bounded(16).unwrap(), 187_500);
+        assert_eq!(
+            Capacity::Tokens(3_000_000).resolve_bounded(16).unwrap(),
+            187_500
+        );
         assert_eq!(Capacity::Blocks(7).resolve_bounded(16).unwrap(), 7);
         assert!(matches!(
             Capacity::Unbounded.resolve_bounded(16),

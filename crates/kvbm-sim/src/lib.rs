@@ -1,5 +1,5 @@
 //! Trace-driven simulation of kvbm: replay real LLM request traces through
-//! the block layers and report what the cache did.
+//! every layer and report what the cache and the scheduler did.
 //!
 //! The simulator reads Mooncake-format JSONL traces ([`Trace`]): per
 //! request, an arrival time, prompt and output lengths, and one hash id per
@@ -9,7 +9,7 @@
 //! so a block matches only together with its whole prefix (the derivation is
 //! documented on [`Workload`]).
 //!
-//! Modes ([`mode`]) replay a workload:
+//! Modes ([`mode`]) replay a trace:
 //!
 //! - **cache** ([`mode::cache`]): requests one after another through a
 //!   [`kvbm_blocks::BlockManager`] used as a prefix cache. Each request
@@ -21,13 +21,25 @@
 //! - **sweep** ([`sweep()`]): cache mode over a grid of capacities and
 //!   policies, written as a table and an SVG plot of hit rate against
 //!   capacity (the Mooncake paper's Figure 9).
+//! - **serve** ([`mode::serve`]): requests arrive at their timestamps into
+//!   kvbm-queue's continuous-batching [`Scheduler`](kvbm_queue::Scheduler),
+//!   which admits, chunks, preempts and finishes them over a bounded block
+//!   pool, while a stand-in engine samples synthetic tokens and a
+//!   [`StepTime`] model advances simulated time. Prompts are rebuilt from
+//!   the trace's block ids ([`trace_token`]) so that kvbm's own token
+//!   hashing sees the trace's prefix sharing. It answers "what latency,
+//!   throughput and preemptions does this pool and scheduler configuration
+//!   give": TTFT and time-per-output-token percentiles, throughput, and the
+//!   hit rate the scheduler saw ([`ServeReport`]).
 //!
 //! Hits are counted by [`HitStats`]: blocks, and tokens (a hit block counts
 //! its block size, capped at the request's prompt length).
 //!
 //! The `kvbm-sim` binary wraps this library: `kvbm-sim cache --trace FILE
 //! [--capacity-blocks N | --capacity-tokens N | --unbounded] [--eviction
-//! lru|multi-level|lineage] [--json]`, `kvbm-sim sweep --out DIR`, and with
+//! lru|multi-level|lineage] [--json]`, `kvbm-sim sweep --out DIR`,
+//! `kvbm-sim serve --trace FILE [--capacity-tokens N] [--max-running N]
+//! [--token-budget N] [--chunk-size N] [--step-ms F] ... [--json]`, and with
 //! no arguments a summary of the embedded excerpt of the Mooncake
 //! conversation trace ([`CONVERSATION_EXCERPT`]).
 //!
@@ -62,6 +74,44 @@
 //! assert_eq!(report.hits.hit_blocks, 4);
 //! assert_eq!(report.evictions, 3);
 //! println!("{report}"); // a readable summary; `report.to_json()` for machines
+//! # Ok::<(), kvbm_sim::SimError>(())
+//! ```
+//!
+//! # Example: serving a tiny trace in simulated time
+//!
+//! ```
+//! use std::time::Duration;
+//! use kvbm_sim::{Capacity, ServeConfig, StepTime, Trace};
+//!
+//! // Two 1000-token prompts sharing their first 512-token block; the second
+//! // arrives 1 s after the first, which has finished by then.
+//! let trace = Trace::from_jsonl(concat!(
+//!     r#"{"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2]}"#,
+//!     "\n",
+//!     r#"{"timestamp": 1000, "input_length": 1000, "output_length": 3, "hash_ids": [1, 3]}"#,
+//! ))?;
+//!
+//! // 16-token blocks in a 4096-token pool; 5 ms per step, 0.05 ms per
+//! // prefill token, 0.1 ms per decoding request (the defaults).
+//! let config = ServeConfig::new(16, Capacity::Tokens(4096))
+//!     .with_step_time(StepTime::default())
+//!     .with_audit_every(1); // check the scheduler's conservation every step
+//! let report = config.run(&trace)?;
+//!
+//! // The second request found the shared block in the prefix cache.
+//! assert_eq!((report.hits.hit_blocks, report.hits.hit_tokens), (32, 512));
+//! assert_eq!(report.census.prefix_hit_tokens, 512);
+//!
+//! // First request: one step prefills 1000 tokens and emits the first
+//! // token (5 + 1000 × 0.05 = 55 ms); two decodes of 5.1 ms follow.
+//! let first = report.requests[0];
+//! assert_eq!(first.ttft(), Some(Duration::from_millis(55)));
+//! assert_eq!(first.tpot(), Some(Duration::from_micros(5_100)));
+//! // Second request: only 488 tokens to prefill: 5 + 24.4 = 29.4 ms.
+//! assert_eq!(report.requests[1].ttft(), Some(Duration::from_micros(29_400)));
+//! assert_eq!((report.ttft.p50, report.ttft.max), (Duration::from_micros(29_400), Duration::from_millis(55)));
+//! assert_eq!((report.output_tokens, report.preemptions), (6, 0));
+//! println!("{report}"); // `report.to_json()` for machines
 //! # Ok::<(), kvbm_sim::SimError>(())
 //! ```
 #![forbid(unsafe_code)]

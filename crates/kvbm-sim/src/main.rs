@@ -29,8 +29,8 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvbm_queue::{GenerationReserve, SchedulerConfig};
 use kvbm_sim::{
-    CacheConfig, Capacity, Eviction, Progress, ServeConfig, SimError, StepTime, SweepConfig,
-    Trace, Workload,
+    CacheConfig, Capacity, Eviction, Progress, ServeConfig, SimError, StepTime, SweepConfig, Trace,
+    Workload,
 };
 
 /// Replays Mooncake-format request traces through kvbm's block manager.

@@ -8,7 +8,7 @@
 //!
 //! 1. every request whose `timestamp` has come is [`submit`](Scheduler::submit)ted,
 //!    in order of arrival (ties in trace order), with its prompt rebuilt
-//!    from its `hash_ids` ([`prompt_tokens`](crate::prompt_tokens)) and
+//!    from its `hash_ids` ([`prompt_tokens`]) and
 //!    `max_new_tokens = output_length` (0 makes a prompt-only request);
 //! 2. the scheduler plans a step ([`Scheduler::step`]); a stand-in engine
 //!    "runs" it, sampling a synthetic token wherever one is due and never

@@ -218,3 +218,160 @@ fn sweep_writes_the_table_and_the_plot() {
             .starts_with("<svg")
     );
 }
+
+#[test]
+fn serve_prints_a_summary_of_the_excerpt() {
+    let output = kvbm_sim(&["serve", "--limit", "40"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    for expected in [
+        "trace: embedded excerpt of the Mooncake conversation trace",
+        "40 requests over",
+        "serve mode: 40 requests, block size 16, pool 187,500 blocks = 3,000,000 tokens, eviction lru",
+        "max running 256, token budget 8192, chunk 2048, watermark 1% (1875 blocks)",
+        "step time: 5 ms + 0.05 ms/prefill token + 0.1 ms/decoding request",
+        "prefix hits",
+        "finished 40, rejected 0",
+        "preemptions 0",
+        "TTFT  p50 ",
+        "TPOT  p50 ",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    assert!(output.stderr.is_empty(), "{}", stderr(&output));
+}
+
+#[test]
+fn serve_json_has_the_documented_fields_and_honours_every_option() {
+    let scratch = Scratch::new("cli-serve");
+    // Two requests sharing their first 512-token block, 10 s apart.
+    let path = scratch.file(
+        "trace.jsonl",
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 3, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 10000, \"input_length\": 1000, \"output_length\": 3, \"hash_ids\": [1, 3]}\n",
+    );
+    let output = kvbm_sim(&[
+        "serve",
+        "--trace",
+        path.to_str().unwrap(),
+        "--block-size",
+        "64",
+        "--capacity-blocks",
+        "100",
+        "--eviction",
+        "multi-level",
+        "--max-running",
+        "8",
+        "--token-budget",
+        "600",
+        "--chunk-size",
+        "400",
+        "--watermark-blocks",
+        "2",
+        "--reserve",
+        "full",
+        "--step-ms",
+        "1",
+        "--prefill-token-ms",
+        "0.01",
+        "--decode-request-ms",
+        "0.5",
+        "--audit-every",
+        "1",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert_eq!(text.lines().count(), 1);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["mode"], "serve");
+    assert_eq!(json["requests"], 2);
+    assert_eq!(json["capacity_blocks"], 100);
+    assert_eq!(json["capacity_tokens"], 6400);
+    assert_eq!(json["eviction"], "multi-level");
+    assert_eq!(
+        (
+            &json["token_budget"],
+            &json["chunk_size"],
+            &json["watermark_blocks"]
+        ),
+        (&600.into(), &400.into(), &2.into())
+    );
+    // 1000 tokens in 64-token blocks: 16 each; the second hits block 1's
+    // 8 blocks.
+    assert_eq!(
+        (&json["input_blocks"], &json["hit_blocks"]),
+        (&32.into(), &8.into())
+    );
+    assert_eq!(
+        (&json["input_tokens"], &json["hit_tokens"]),
+        (&2000.into(), &512.into())
+    );
+    assert_eq!(json["preemptions"], 0);
+    assert_eq!(json["output_tokens"], 6);
+    // The first request alone: chunks of 400, 400, 200 tokens
+    //   (1 + 4) + (1 + 4) + (1 + 2) = 13 ms to its first token.
+    // The second: 488 tokens to prefill, chunks of 400 and 88:
+    //   (1 + 4) + (1 + 0.88) = 6.88 ms.
+    assert_eq!(json["ttft"]["count"], 2);
+    assert_eq!(json["ttft"]["max_ms"], 13.0);
+    assert!((json["ttft"]["p50_ms"].as_f64().unwrap() - 6.88).abs() < 1e-9);
+    // Two decodes of 1 + 0.5 ms each.
+    assert_eq!(json["tpot"]["p50_ms"], 1.5);
+    for field in [
+        "steps",
+        "requests_per_s",
+        "output_tokens_per_s",
+        "sim_duration_s",
+        "replay_ms",
+    ] {
+        assert!(json[field].is_number(), "{field}");
+    }
+    assert_eq!(json["trace"], path.to_str().unwrap());
+}
+
+#[test]
+fn serve_errors_are_one_clear_line() {
+    fails_with(
+        &["serve", "--capacity-tokens", "10"],
+        "cache capacity 10 tokens holds no 16-token block",
+    );
+    fails_with(
+        &["serve", "--block-size", "48"],
+        "block size 48 must divide",
+    );
+    fails_with(
+        &["serve", "--step-ms=-1"],
+        "step time per step must be a finite number of milliseconds",
+    );
+    fails_with(
+        &["serve", "--prefill-token-ms", "NaN"],
+        "step time per prefill token must be",
+    );
+    fails_with(
+        &["serve", "--max-running", "0"],
+        "scheduler: scheduler config: max_running must be at least 1",
+    );
+    let scratch = Scratch::new("cli-serve-errors");
+    let missing = scratch.0.join("missing.jsonl");
+    fails_with(
+        &["serve", "--trace", missing.to_str().unwrap()],
+        "trace file not found",
+    );
+    for args in [
+        &["serve", "--unbounded"][..],
+        &["serve", "--capacity-blocks", "5", "--capacity-tokens", "80"],
+        &["serve", "--reserve", "lots"],
+        &["serve", "--limit", "0"],
+        &["serve", "--eviction", "fifo"],
+    ] {
+        let output = kvbm_sim(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!stderr(&output).contains("panicked"));
+    }
+}

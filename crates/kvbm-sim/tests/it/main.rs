@@ -5,6 +5,7 @@ mod errors;
 #[cfg(not(kvbm_loom))]
 mod model;
 mod reference;
+mod serve;
 mod sweep;
 
 use std::path::PathBuf;

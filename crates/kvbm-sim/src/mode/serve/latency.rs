@@ -114,13 +114,23 @@ mod tests {
         assert_eq!(latency.mean, Duration::from_micros(5_500));
         // One sample is every percentile.
         let one = Latency::from_nanos(&mut [7]);
-        assert_eq!((one.p50, one.p99, one.max), (Duration::from_nanos(7), Duration::from_nanos(7), Duration::from_nanos(7)));
+        assert_eq!(
+            (one.p50, one.p99, one.max),
+            (
+                Duration::from_nanos(7),
+                Duration::from_nanos(7),
+                Duration::from_nanos(7)
+            )
+        );
         // None: zeros, shown as such.
         let none = Latency::from_nanos(&mut []);
         assert_eq!(none, Latency::default());
         assert_eq!(none.to_string(), "no samples");
         // 200 samples: p99 is the 198th.
         let mut samples: Vec<u64> = (1..=200).collect();
-        assert_eq!(Latency::from_nanos(&mut samples).p99, Duration::from_nanos(198));
+        assert_eq!(
+            Latency::from_nanos(&mut samples).p99,
+            Duration::from_nanos(198)
+        );
     }
 }

@@ -81,7 +81,9 @@ impl RequestTimeline {
         }
         let decoding = self.finished?.checked_sub(self.first_token?)?;
         let nanos = decoding.as_nanos() / u128::from(self.output_tokens - 1);
-        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+        Some(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        ))
     }
 
     /// End to end: arrival to the end of the step that finished it.
@@ -184,7 +186,10 @@ impl ServeReport {
     }
 
     fn count(&self, outcome: ServeOutcome) -> u64 {
-        self.requests.iter().filter(|r| r.outcome == outcome).count() as u64
+        self.requests
+            .iter()
+            .filter(|r| r.outcome == outcome)
+            .count() as u64
     }
 
     /// Generated tokens per simulated second.

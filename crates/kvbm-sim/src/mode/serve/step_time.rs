@@ -129,10 +129,16 @@ mod tests {
     fn step_time_is_fixed_plus_per_token_plus_per_request() {
         let model = StepTime::default();
         // 5 + 2048 × 0.05 + 10 × 0.1 = 5 + 102.4 + 1 = 108.4 ms.
-        assert_eq!(model.step_duration(2048, 10), Duration::from_micros(108_400));
+        assert_eq!(
+            model.step_duration(2048, 10),
+            Duration::from_micros(108_400)
+        );
         assert_eq!(model.step_duration(0, 0), Duration::ZERO);
         assert_eq!(model.step_duration(0, 1), Duration::from_micros(5_100));
-        assert_eq!(model.to_string(), "5 ms + 0.05 ms/prefill token + 0.1 ms/decoding request");
+        assert_eq!(
+            model.to_string(),
+            "5 ms + 0.05 ms/prefill token + 0.1 ms/decoding request"
+        );
     }
 
     #[test]
@@ -140,7 +146,9 @@ mod tests {
         let model = StepTime::from_millis(5.0, 0.05, 0.1).unwrap();
         assert_eq!(model, StepTime::default());
         assert_eq!(
-            StepTime::from_millis(0.0, 0.0, 0.000_001).unwrap().per_decode_request,
+            StepTime::from_millis(0.0, 0.0, 0.000_001)
+                .unwrap()
+                .per_decode_request,
             Duration::from_nanos(1)
         );
         for (step, prefill, decode, what) in [

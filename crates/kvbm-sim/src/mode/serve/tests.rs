@@ -40,7 +40,12 @@ fn run(trace: &Trace, config: &ServeConfig) -> ServeReport {
     // Whatever the schedule, the census balances and nothing is left.
     assert!(report.census.is_balanced(), "{:?}", report.census);
     assert_eq!(report.census.waiting + report.census.running, 0);
-    assert!(report.requests.iter().all(|r| r.outcome != ServeOutcome::Pending));
+    assert!(
+        report
+            .requests
+            .iter()
+            .all(|r| r.outcome != ServeOutcome::Pending)
+    );
     report
 }
 
@@ -62,12 +67,18 @@ fn one_request_ttft_and_tpot_by_hand() {
     assert_eq!(timeline.tpot(), Some(ms(5.1)));
     assert_eq!(timeline.e2e(), Some(ms(25.3)));
     assert_eq!(timeline.outcome, ServeOutcome::Finished);
-    assert_eq!((report.ttft.count, report.ttft.p50, report.ttft.max), (1, ms(10.0), ms(10.0)));
+    assert_eq!(
+        (report.ttft.count, report.ttft.p50, report.ttft.max),
+        (1, ms(10.0), ms(10.0))
+    );
     assert_eq!((report.tpot.p99, report.e2e.p90), (ms(5.1), ms(25.3)));
     // The simulation starts at the first arrival.
     assert_eq!(report.sim_duration, ms(25.3));
     assert_eq!(report.busy_time, ms(25.3));
-    assert_eq!((report.steps, report.prefill_tokens, report.decode_tokens), (4, 100, 3));
+    assert_eq!(
+        (report.steps, report.prefill_tokens, report.decode_tokens),
+        (4, 100, 3)
+    );
     assert_eq!(report.output_tokens, 4);
     // 4 tokens in 25.3 ms.
     assert!((report.output_tokens_per_s() - 4.0 / 0.0253).abs() < 1e-9);
@@ -92,7 +103,10 @@ fn prompt_only_and_single_token_requests() {
     assert_eq!(single.first_token, Some(ms(107.0)));
     assert_eq!(single.finished, Some(ms(107.0)));
     assert_eq!(single.tpot(), None);
-    assert_eq!((report.ttft.count, report.tpot.count, report.e2e.count), (1, 0, 2));
+    assert_eq!(
+        (report.ttft.count, report.tpot.count, report.e2e.count),
+        (1, 0, 2)
+    );
     assert_eq!(report.output_tokens, 1);
     // Idle between them: time jumped from 7 ms to the arrival at 100 ms.
     assert_eq!(report.sim_duration, ms(107.0));
@@ -123,7 +137,12 @@ fn admission_follows_arrival_time_then_trace_order() {
     let firsts: Vec<_> = report.requests.iter().map(|r| r.first_token).collect();
     assert_eq!(
         firsts,
-        [Some(ms(23.2)), Some(ms(5.8)), Some(ms(11.6)), Some(ms(17.4))]
+        [
+            Some(ms(23.2)),
+            Some(ms(5.8)),
+            Some(ms(11.6)),
+            Some(ms(17.4))
+        ]
     );
     // TTFTs 13.2, 5.8, 11.6, 12.4 ms: sorted 5.8, 11.6, 12.4, 13.2.
     assert_eq!(report.ttft.p50, ms(11.6));
@@ -170,8 +189,14 @@ fn chunk_size_and_token_budget_split_two_prompts() {
     //   5 + 600 × 0.05 + 0.1 = 35.1 ms -> A done, B's first token at 165.1.
     // Step 4: B decodes: 5.1 ms -> 170.2 ms.
     let (a, b) = (report.requests[0], report.requests[1]);
-    assert_eq!((a.first_token, a.finished), (Some(ms(130.0)), Some(ms(165.1))));
-    assert_eq!((b.first_token, b.finished), (Some(ms(165.1)), Some(ms(170.2))));
+    assert_eq!(
+        (a.first_token, a.finished),
+        (Some(ms(130.0)), Some(ms(165.1)))
+    );
+    assert_eq!(
+        (b.first_token, b.finished),
+        (Some(ms(165.1)), Some(ms(170.2)))
+    );
     assert_eq!((a.admitted, b.admitted), (Some(ms(0.0)), Some(ms(0.0))));
     assert_eq!(report.prefill_tokens, 3_000);
     assert_eq!(report.steps, 4);
@@ -193,7 +218,10 @@ fn preemption_releases_and_reacquire_finds_the_cached_prefix() {
     let (a, b) = (report.requests[0], report.requests[1]);
     // Step 0: both prefill 64 tokens and emit a token (4 blocks each):
     //   5 + 128 × 0.05 = 11.4 ms.
-    assert_eq!((a.first_token, b.first_token), (Some(ms(11.4)), Some(ms(11.4))));
+    assert_eq!(
+        (a.first_token, b.first_token),
+        (Some(ms(11.4)), Some(ms(11.4)))
+    );
     // Steps 1..=32: both decode (5.2 ms each). A request with g tokens
     // generated holds ceil((64 + g) / 16) blocks: 5, 6 then 7 at g = 33,
     // when 2 × 6 = 12 blocks are all taken. At step 33 A cannot get its
@@ -243,7 +271,8 @@ fn shared_trace_prefixes_share_exactly_their_blocks() {
                 request(0, &first, 2_000, 1),
                 request(100_000, &second, 2_000, 1),
             ]);
-            let config = ServeConfig::new(block_size, Capacity::Tokens(1 << 20)).with_audit_every(1);
+            let config =
+                ServeConfig::new(block_size, Capacity::Tokens(1 << 20)).with_audit_every(1);
             let report = run(&trace, &config);
             // Shared: k × 512 tokens, whole blocks only, and never the
             // prompt's last token (the match cap: (2000 - 1) / b blocks).
