@@ -1,4 +1,5 @@
-//! kvbm-sim's cache-mode replay loop, kvbm beside kvbm-logical 1.6.1.
+//! kvbm-sim's replay loops: cache mode beside kvbm-logical 1.6.1, and serve
+//! mode (kvbm alone: the peer has no scheduler).
 //!
 //! Each iteration replays a whole workload through a fresh, empty cache
 //! (built in the untimed setup): match, allocate with eviction, stage,
@@ -12,6 +13,15 @@
 //! the run is a real `cargo bench` (the `cargo test --benches` smoke run
 //! stays quick on the excerpt alone).
 //!
+//! Serve mode (`sim_serve_*` groups) replays the same traces through the
+//! continuous-batching `Scheduler` in simulated time with the default
+//! scheduler limits and step-time model, at block size 16: with a 3M-token
+//! pool (the trace fits: no preemption) and a 1M-token pool (preemptions).
+//! Each iteration builds a fresh pool and scheduler and replays every
+//! request to completion: prompt synthesis, admission, chunked prefill,
+//! decode, preemption, finish. The issue's target is the full conversation
+//! trace in under 5 s.
+//!
 //! ```text
 //! cargo bench -p kvbm-benches --bench sim
 //! ```
@@ -21,7 +31,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvbm_benches::is_smoke_test;
-use kvbm_sim::{CacheSim, Eviction, Trace, Workload};
+use kvbm_sim::{CacheSim, Capacity, Eviction, ServeConfig, Trace, Workload};
 
 #[path = "../examples/peer_cache_sweep.rs"]
 #[allow(dead_code)] // the example's `main` and option parsing
@@ -37,6 +47,7 @@ const CAPACITY_BLOCKS: usize = 6_000;
 struct Case {
     name: &'static str,
     trace: Option<std::path::PathBuf>,
+    requests: Trace,
     workload: Workload,
     peer_requests: Vec<Vec<kvbm_logical::SequenceHash>>,
     distinct_blocks: usize,
@@ -55,11 +66,15 @@ fn cases() -> Vec<Case> {
                 Some(path) => Trace::from_path(path),
                 None => Trace::conversation_excerpt(),
             };
-            let workload = trace.and_then(|trace| Workload::new(&trace, BLOCK_SIZE));
-            match workload {
-                Ok(workload) => Some(Case {
+            let loaded = trace.and_then(|trace| {
+                let workload = Workload::new(&trace, BLOCK_SIZE)?;
+                Ok((trace, workload))
+            });
+            match loaded {
+                Ok((requests, workload)) => Some(Case {
                     name,
                     trace: path,
+                    requests,
                     peer_requests: peer::logical_hashes(&workload),
                     distinct_blocks: workload.distinct_blocks(),
                     workload,
@@ -147,5 +162,36 @@ fn bench_cache_replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_cache_replay);
+/// Block size of the serve-mode benches: vLLM's default page size.
+const SERVE_BLOCK_SIZE: usize = 16;
+
+fn bench_serve(c: &mut Criterion, cases: &[Case], label: &str, capacity_tokens: u64) {
+    let mut group = c.benchmark_group(format!("sim_serve_{label}"));
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_millis(500));
+    let config = ServeConfig::new(SERVE_BLOCK_SIZE, Capacity::Tokens(capacity_tokens));
+    for case in cases {
+        group.throughput(Throughput::Elements(case.requests.len() as u64));
+        // A full-trace iteration takes seconds: give criterion room for ten.
+        if case.requests.len() > 1_000 {
+            group.measurement_time(Duration::from_secs(60));
+        }
+        group.bench_function(BenchmarkId::new("kvbm", case.name), |b| {
+            b.iter(|| {
+                let report = config.run(&case.requests).expect("serve replay");
+                assert_eq!(report.finished_requests(), case.requests.len() as u64);
+                black_box(report.output_tokens)
+            });
+        });
+    }
+    group.finish();
+}
+
+fn bench_serve_replay(c: &mut Criterion) {
+    let cases = cases();
+    bench_serve(c, &cases, "3M_bs16", 3_000_000);
+    bench_serve(c, &cases, "1M_bs16", 1_000_000);
+}
+
+criterion_group!(benches, bench_cache_replay, bench_serve_replay);
 criterion_main!(benches);
