@@ -316,7 +316,8 @@ fn run_default(out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> 
     writeln!(
         out,
         "\nnext: kvbm-sim cache --trace FILE --capacity-tokens 3M --eviction lineage\n      \
-         kvbm-sim sweep --trace FILE --out DIR   (kvbm-sim --help for more)"
+         kvbm-sim sweep --trace FILE --out DIR\n      \
+         kvbm-sim serve --trace FILE --capacity-tokens 3M   (kvbm-sim --help for more)"
     )?;
     Ok(())
 }
@@ -519,5 +520,21 @@ impl Progress for Bar {
 impl Drop for Bar {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_defaults_on_the_command_line_are_the_library_defaults() {
+        let cli = Cli::try_parse_from(["kvbm-sim", "serve"]).unwrap();
+        let Some(Command::Serve(args)) = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(args.config().unwrap(), ServeConfig::default());
+        assert_eq!(parse_reserve("FULL"), Ok(GenerationReserve::Full));
+        assert!(parse_reserve("-1").is_err());
     }
 }

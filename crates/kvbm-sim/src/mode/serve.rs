@@ -58,6 +58,7 @@ mod report;
 mod step_time;
 mod tokens;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvbm_blocks::BlockManager;
@@ -232,6 +233,8 @@ struct ServeSim<'a> {
     now: u64,
     /// Engine outputs, reused every step.
     outputs: Vec<EngineOutput>,
+    /// Prompt tokens, reused for every request.
+    prompt: Vec<u32>,
     counters: Counters,
 }
 
@@ -287,6 +290,7 @@ impl<'a> ServeSim<'a> {
             tracks,
             now: 0,
             outputs: Vec::new(),
+            prompt: Vec::new(),
             counters: Counters::default(),
         }
     }
@@ -363,7 +367,11 @@ impl<'a> ServeSim<'a> {
                 continue;
             }
             let input_length = usize::try_from(request.input_length).unwrap_or(usize::MAX);
-            let prompt = tokens::prompt_arc(&request.hash_ids, input_length);
+            // Built in a reused buffer, then copied once into the request's
+            // shared prompt: cheaper than building the `Arc` in place.
+            self.prompt.clear();
+            tokens::fill_prompt(&request.hash_ids, input_length, &mut self.prompt);
+            let prompt: Arc<[u32]> = Arc::from(&self.prompt[..]);
             let max_new = u32::try_from(request.output_length).unwrap_or(u32::MAX);
             let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new);
             match self.scheduler.submit(inference) {
