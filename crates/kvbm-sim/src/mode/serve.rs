@@ -226,7 +226,7 @@ struct ServeSim<'a> {
     audit_every: Option<u64>,
     scheduler: Scheduler<Simulated>,
     /// Request indices in arrival order.
-    arrivals: Vec<u32>,
+    arrivals: Vec<usize>,
     next_arrival: usize,
     tracks: Vec<Track>,
     /// Simulated time, nanoseconds.
@@ -262,9 +262,9 @@ struct Counters {
 impl<'a> ServeSim<'a> {
     fn new(trace: &'a Trace, config: &ServeConfig, scheduler: Scheduler<Simulated>) -> Self {
         let requests = trace.requests();
-        let mut arrivals: Vec<u32> = (0..requests.len() as u32).collect();
+        let mut arrivals: Vec<usize> = (0..requests.len()).collect();
         // Stable: equal timestamps keep trace order.
-        arrivals.sort_by_key(|&index| requests.get(index as usize).map_or(0, |r| r.timestamp));
+        arrivals.sort_by_key(|&index| requests.get(index).map_or(0, |r| r.timestamp));
         let tracks = requests
             .iter()
             .map(|request| Track {
@@ -297,7 +297,7 @@ impl<'a> ServeSim<'a> {
 
     fn next_arrival_time(&self) -> Option<u64> {
         let &index = self.arrivals.get(self.next_arrival)?;
-        self.tracks.get(index as usize).map(|track| track.arrival)
+        self.tracks.get(index).map(|track| track.arrival)
     }
 
     fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
@@ -351,7 +351,6 @@ impl<'a> ServeSim<'a> {
     fn submit_arrivals(&mut self) -> Result<(), SimError> {
         let requests = self.trace.requests();
         while let Some(&index) = self.arrivals.get(self.next_arrival) {
-            let index = index as usize;
             let (Some(track), Some(request)) = (self.tracks.get_mut(index), requests.get(index))
             else {
                 break;
@@ -542,7 +541,7 @@ impl<'a> ServeSim<'a> {
         let first_arrival = self
             .arrivals
             .first()
-            .and_then(|&index| self.tracks.get(index as usize))
+            .and_then(|&index| self.tracks.get(index))
             .map_or(0, |track| track.arrival);
         let counters = &self.counters;
         // Every admission the plans showed is one the census counted.

@@ -366,6 +366,10 @@ fn configuration_errors_are_typed() {
         run(ServeConfig::new(16, Capacity::Tokens(10))),
         SimError::ZeroCapacity { .. }
     ));
+    assert!(matches!(
+        run(ServeConfig::new(16, Capacity::Blocks(1 << 40))),
+        SimError::CapacityTooLarge { .. }
+    ));
     let zero_budget = SchedulerConfig::default().with_token_budget(0);
     match run(ServeConfig::default().with_scheduler(zero_budget)) {
         SimError::Scheduler(err) => assert!(err.to_string().contains("token_budget"), "{err}"),
