@@ -73,7 +73,9 @@ impl BlockSequence {
             return Err(SequenceError::ZeroBlockSize);
         }
         let mut sequence = Self {
-            hashes: Vec::with_capacity(tokens.len() / block_size),
+            // Room for the blocks the caller reserved token capacity for
+            // (a prompt built with room for its generation).
+            hashes: Vec::with_capacity(tokens.capacity() / block_size),
             tokens,
             block_size,
             salt,

@@ -40,6 +40,11 @@ impl InactivePool {
         }
     }
 
+    /// Whether registrations must say which registered block is the parent.
+    pub(crate) fn tracks_lineage(&self) -> bool {
+        matches!(self, Self::Lineage(_))
+    }
+
     /// Whether `id` is cached here.
     pub(crate) fn contains(&self, id: BlockId) -> bool {
         let lists = match self {

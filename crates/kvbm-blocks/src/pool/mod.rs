@@ -8,10 +8,9 @@
 //!
 //! [`ImmutableBlocks`]: crate::ImmutableBlocks
 
-use std::collections::HashMap;
+mod registry;
 
-use foldhash::fast::RandomState;
-
+use self::registry::Registry;
 use crate::eviction::InactivePool;
 use crate::sync::{Mutex, MutexGuard, lock};
 use crate::{
@@ -92,7 +91,7 @@ pub(crate) struct PoolState {
     /// A stack: the most recently freed block is reused first (warm in cache).
     free: Vec<BlockId>,
     /// Chained hash value to the registered block holding it.
-    registry: HashMap<u64, BlockId, RandomState>,
+    registry: Registry,
     inactive: InactivePool,
     duplicates: DuplicatePolicy,
     counters: Counters,
@@ -116,7 +115,7 @@ impl PoolState {
             slots: vec![empty; total],
             // Reversed so that allocation pops block 0 first.
             free: (0..total as u32).rev().map(BlockId::new).collect(),
-            registry: HashMap::with_capacity_and_hasher(total, RandomState::default()),
+            registry: Registry::with_capacity(total),
             inactive: InactivePool::new(eviction, total),
             duplicates,
             counters: Counters::default(),
@@ -187,7 +186,7 @@ impl PoolState {
         let hash = slot.hash;
         slot.state = SlotState::Free;
         slot.epoch = slot.epoch.wrapping_add(1);
-        self.registry.remove(&hash.value());
+        self.registry.remove(hash.value(), id);
         self.inactive.on_evicted(id);
         self.counters.evictions += 1;
         if let Some(events) = &mut self.events {
@@ -208,7 +207,7 @@ impl PoolState {
     /// stands for the hash with one reference taken for the caller.
     pub(crate) fn register(&mut self, id: BlockId, hash: SequenceHash) -> BlockInfo {
         self.counters.registrations += 1;
-        if let Some(&existing) = self.registry.get(&hash.value()) {
+        if let Some(existing) = self.registered(hash.value()) {
             self.inactive.on_hit(hash);
             match self.duplicates {
                 DuplicatePolicy::Allow => {
@@ -228,10 +227,15 @@ impl PoolState {
                 }
             }
         }
-        let parent = hash
-            .parent()
-            .and_then(|parent| self.registry.get(&parent).copied());
-        self.registry.insert(hash.value(), id);
+        // Only lineage-aware eviction links children to parents; the other
+        // policies skip the lookup (a registry probe per registration).
+        let parent = match self.inactive.tracks_lineage() {
+            true => hash.parent().and_then(|p| self.registered(p)),
+            false => None,
+        };
+        let slots = &self.slots;
+        self.registry
+            .insert(hash.value(), id, |other| slots[other.index()].hash.value());
         let slot = &mut self.slots[id.index()];
         *slot = Slot {
             hash,
@@ -262,7 +266,7 @@ impl PoolState {
     pub(crate) fn match_prefix(&mut self, hashes: &[SequenceHash], out: &mut Vec<BlockInfo>) {
         let before = out.len();
         for hash in hashes {
-            let Some(&id) = self.registry.get(&hash.value()) else {
+            let Some(id) = self.registered(hash.value()) else {
                 break;
             };
             self.inactive.on_hit(*hash);
@@ -272,9 +276,16 @@ impl PoolState {
         self.counters.match_hit += (out.len() - before) as u64;
     }
 
+    /// The block registered under a chained hash value.
+    fn registered(&self, value: u64) -> Option<BlockId> {
+        let slots = &self.slots;
+        self.registry
+            .get(value, |id| slots[id.index()].hash.value())
+    }
+
     /// Whether `hash` is registered (held or cached).
     pub(crate) fn contains(&self, hash: SequenceHash) -> bool {
-        self.registry.contains_key(&hash.value())
+        self.registered(hash.value()).is_some()
     }
 
     /// Another handle to a block the caller already pins.
@@ -394,8 +405,7 @@ impl PoolState {
             if slot.state == SlotState::Duplicate && slot.refs == 0 {
                 return fail(format!("duplicate {id} has no references"));
             }
-            if slot.state == SlotState::Registered
-                && self.registry.get(&slot.hash.value()) != Some(&id)
+            if slot.state == SlotState::Registered && self.registered(slot.hash.value()) != Some(id)
             {
                 return fail(format!("registered {id} is not in the registry"));
             }

@@ -51,7 +51,7 @@ fn a_held_block_on_the_free_list_is_caught() {
 #[test]
 fn a_registered_block_missing_from_the_registry_is_caught() {
     let mut pool = pool_with_registered_block();
-    pool.registry.remove(&7);
+    assert!(pool.registry.remove(7, BlockId::new(0)));
     assert!(violation(&pool).contains("not in the registry"));
 }
 
@@ -74,7 +74,9 @@ fn an_unreferenced_duplicate_is_caught() {
 #[test]
 fn a_stray_registry_entry_is_caught() {
     let mut pool = pool_with_registered_block();
-    pool.registry.insert(99, BlockId::new(3));
+    let slots = &pool.slots;
+    pool.registry
+        .insert(99, BlockId::new(3), |id| slots[id.index()].hash.value());
     assert!(violation(&pool).contains("registry holds 3 hashes for 2"));
 }
 

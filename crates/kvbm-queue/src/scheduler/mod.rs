@@ -64,7 +64,12 @@ pub struct Scheduler<M> {
     next_step: u64,
     next_admission: u64,
     counters: Counters,
+    /// Reused by `apply` so committing a step allocates nothing per request.
+    scratch: Vec<BlockId>,
 }
+
+/// The engine's outputs of one step, by request (a fast hasher: ids are ours).
+type OutputsById = HashMap<RequestId, EngineOutput, foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 struct PendingStep {
@@ -103,7 +108,8 @@ pub struct Census {
     pub aborted: u64,
     /// Preemptions so far (a request may be preempted more than once).
     pub preemptions: u64,
-    /// Prompt tokens admitted (counting each admission, resumptions included).
+    /// Tokens of the sequences admitted, counting every admission: the prompt
+    /// for a new request, prompt plus generated tokens for a resumption.
     pub prompt_tokens: u64,
     /// Of those, tokens served from the prefix cache.
     pub prefix_hit_tokens: u64,
@@ -218,6 +224,7 @@ impl<M> Scheduler<M> {
             next_step: 0,
             next_admission: 0,
             counters: Counters::default(),
+            scratch: Vec::new(),
         })
     }
 
@@ -419,18 +426,34 @@ impl<M> Scheduler<M> {
         } else {
             self.config.watermark(self.manager.total_blocks())
         };
-        let blocks = self.manager.available_blocks().saturating_sub(watermark);
+        let blocks = self.manager.available_blocks().saturating_sub(watermark) as u64;
         let mut candidates = self
             .queue
-            .select_batch(slots, blocks as u64)
+            .select_batch(slots, blocks)
             .split_off(0)
             .into_iter();
+        // The queue charged every candidate its prompt plus a generation
+        // reserve; a preempted one must recompute what it generated too.
+        let mut room = blocks;
         while let Some(admitted) = candidates.next() {
-            if *budget == 0 {
-                self.requeue(admitted, None);
-                continue;
-            }
             let id = admitted.id();
+            let cost = match self.parked.get(&id) {
+                Some(seq) => self.queue.config().request_blocks(
+                    u32::try_from(seq.total_tokens()).unwrap_or(u32::MAX),
+                    u32::try_from(seq.remaining_tokens()).unwrap_or(u32::MAX),
+                ),
+                None => admitted.blocks(),
+            };
+            if *budget == 0 || cost > room {
+                // Head of line: it and everyone behind it keep their places,
+                // and a preempted one is not reacquired just to be released.
+                self.requeue(admitted, None);
+                for admitted in candidates.by_ref() {
+                    self.requeue(admitted, None);
+                }
+                break;
+            }
+            room -= cost;
             let mut seq = match self.resume_or_start(&admitted) {
                 Ok(seq) => seq,
                 Err(err) => {
@@ -486,8 +509,12 @@ impl<M> Scheduler<M> {
             return Ok(seq);
         }
         let request = admitted.request();
+        // Room for every token it may generate: no reallocation mid-decode.
+        let mut tokens =
+            Vec::with_capacity(request.prompt().len() + request.max_new_tokens() as usize);
+        tokens.extend_from_slice(request.prompt());
         let mut seq = SchedulableSequence::builder(
-            request.prompt().to_vec(),
+            tokens,
             request.max_new_tokens() as usize,
             self.manager.block_size(),
         )
@@ -526,7 +553,7 @@ impl<M> Scheduler<M> {
                 i += 1;
                 continue;
             };
-            match running.commit(output, &self.manager, &mut report) {
+            match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
                 Ok(None) => i += 1,
                 Ok(Some(reason)) => {
                     let done = self.running.swap_remove(i);
@@ -555,8 +582,8 @@ impl<M> Scheduler<M> {
         &self,
         pending: &PendingStep,
         outputs: &[EngineOutput],
-    ) -> Result<HashMap<RequestId, EngineOutput>, SchedulerError> {
-        let mut by_id = HashMap::with_capacity(outputs.len());
+    ) -> Result<OutputsById, SchedulerError> {
+        let mut by_id = OutputsById::with_capacity_and_hasher(outputs.len(), Default::default());
         for output in outputs {
             if pending.aborted.contains(&output.id) {
                 continue;

@@ -138,14 +138,13 @@ impl<M> Running<M> {
         }
     }
 
-    /// Ids of the staged and unassigned blocks, in table order: the ones a
-    /// registration may publish.
-    fn unregistered_block_ids(&self) -> Vec<BlockId> {
+    /// Fills `ids` with the staged and unassigned blocks, in table order:
+    /// the ones a registration may publish.
+    fn unregistered_block_ids(&self, ids: &mut Vec<BlockId>) {
         let assignments = self.seq.inner().assignments();
-        let staged = assignments.staged().iter().map(|block| block.block_id());
-        staged
-            .chain(assignments.unassigned().map(|block| block.block_id()))
-            .collect()
+        ids.clear();
+        ids.extend(assignments.staged().iter().map(|block| block.block_id()));
+        ids.extend(assignments.unassigned().map(|block| block.block_id()));
     }
 
     /// Whether publishing blocks replaced any of them: a block whose content
@@ -162,17 +161,21 @@ impl<M> Running<M> {
 
     /// Applies the engine's output to the scheduled work; `Some` when the
     /// request is done.
+    ///
+    /// `scratch` is a buffer the caller keeps between calls, so committing
+    /// allocates nothing.
     pub(super) fn commit(
         &mut self,
         output: EngineOutput,
         manager: &BlockManager<M>,
         report: &mut StepReport,
+        scratch: &mut Vec<BlockId>,
     ) -> Result<Option<FinishReason>, ApplyError> {
         let Some(work) = self.work.take() else {
             return Ok(None);
         };
         let registered_before = self.seq.assigned_blocks();
-        let unregistered_before = self.unregistered_block_ids();
+        self.unregistered_block_ids(scratch);
         match (work, output.token) {
             (Work::Prefill { emits, .. }, token) => {
                 self.seq.apply_prefill(token, manager)?;
@@ -191,7 +194,7 @@ impl<M> Running<M> {
                 return Ok(None);
             }
         }
-        if self.registration_swapped_blocks(registered_before, &unregistered_before) {
+        if self.registration_swapped_blocks(registered_before, scratch) {
             // The engine must learn the new table before it runs us again.
             self.resumed = true;
         }

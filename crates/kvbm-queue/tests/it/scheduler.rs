@@ -478,3 +478,38 @@ fn submit_handles_work_from_other_threads() {
         (20, 19, 1)
     );
 }
+
+/// A preempted request is charged its current length (prompt plus generated
+/// tokens), not its original estimate, so while that does not fit it waits
+/// without being reacquired and released every step (which would also keep
+/// refreshing its cached prefix's recency).
+#[test]
+fn a_preempted_request_waits_without_churning_the_cache() {
+    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
+    let mut s = scheduler(6, config);
+    s.submit(request(1, 0..8, 8)).unwrap();
+    s.submit(request(2, 100..108, 8)).unwrap();
+    loop {
+        let (plan, _) = run(&mut s);
+        if plan.preempted.contains(&RequestId(2)) {
+            break;
+        }
+    }
+    let matches_after_preemption = s.manager().metrics().match_hashes_requested;
+    while s.running_ids().any(|id| id == RequestId(1)) {
+        let (plan, _) = run(&mut s);
+        assert!(
+            plan.prefill.iter().all(|p| p.id != RequestId(2)),
+            "no room to resume yet"
+        );
+        assert_eq!(
+            s.manager().metrics().match_hashes_requested,
+            matches_after_preemption,
+            "request 2 was reacquired while it could not fit"
+        );
+    }
+    while !s.is_idle() {
+        run(&mut s);
+    }
+    assert_eq!(s.census().finished, 2);
+}

@@ -1,0 +1,70 @@
+//! The prefix-cache registry: chained hash value → the block registered
+//! under it.
+//!
+//! The table stores only the 4-byte [`BlockId`]; a key is read from the
+//! slot the id names. With one entry per registered block that keeps the
+//! table at about 5 bytes per block, small enough to stay in cache, where a
+//! `HashMap<u64, BlockId>` (16-byte buckets) spilled out of L2 and made
+//! evictions (one removal each) the replay's hottest spot.
+
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+
+use crate::BlockId;
+
+#[derive(Debug)]
+pub(super) struct Registry {
+    table: HashTable<BlockId>,
+    /// Seeded per pool; mixes hand-made keys (0, 1, 2...) well.
+    hasher: RandomState,
+}
+
+impl Registry {
+    /// Room for `capacity` entries: one per block, so it never grows.
+    pub(super) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            table: HashTable::with_capacity(capacity),
+            hasher: RandomState::default(),
+        }
+    }
+
+    fn hash(&self, value: u64) -> u64 {
+        self.hasher.hash_one(value)
+    }
+
+    /// The block registered under `value`; `key_of` reads a block's key.
+    pub(super) fn get(&self, value: u64, key_of: impl Fn(BlockId) -> u64) -> Option<BlockId> {
+        self.table
+            .find(self.hash(value), |&id| key_of(id) == value)
+            .copied()
+    }
+
+    /// Registers `id` under `value`, which must not be registered yet.
+    pub(super) fn insert(&mut self, value: u64, id: BlockId, key_of: impl Fn(BlockId) -> u64) {
+        let hasher = &self.hasher;
+        let hash = hasher.hash_one(value);
+        self.table
+            .insert_unique(hash, id, |&other| hasher.hash_one(key_of(other)));
+    }
+
+    /// Unregisters `id`, registered under `value`; whether it was there.
+    /// Only ids are compared, so the slot's key is not read.
+    pub(super) fn remove(&mut self, value: u64, id: BlockId) -> bool {
+        match self
+            .table
+            .find_entry(self.hash(value), |&other| other == id)
+        {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+}
