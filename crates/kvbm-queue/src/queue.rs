@@ -126,13 +126,7 @@ impl<R: Request> RequestQueue<R> {
         }
         inner.next_seq += 1;
         inner.stats.enqueued += 1;
-        self.shared.epoch.bump();
-        let wake = inner.waiters > 0;
-        let len = inner.pending.len();
-        drop(inner);
-        if wake {
-            self.shared.not_empty.notify_one();
-        }
+        let len = self.shared.arrived(inner);
         tracing::debug!(id = ?id, ?priority, seq, blocks, len, "enqueued");
         Ok(Ticket { id, seq })
     }
@@ -475,13 +469,7 @@ impl<R: Request> RequestQueue<R> {
             ));
         }
         inner.stats.restored += 1;
-        self.shared.epoch.bump();
-        let wake = inner.waiters > 0;
-        let len = inner.pending.len();
-        drop(inner);
-        if wake {
-            self.shared.not_empty.notify_one();
-        }
+        let len = self.shared.arrived(inner);
         tracing::debug!(id = ?id, seq, len, "restored");
         Ok(())
     }

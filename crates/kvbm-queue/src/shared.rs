@@ -94,6 +94,20 @@ impl<R: Request> Shared<R> {
         taken.map(|entry| entry.request)
     }
 
+    /// A request just became available: tells spinning consumers (the
+    /// epoch), unlocks, and wakes one sleeping consumer if there is one
+    /// (rule 4). Returns the queue length at that moment.
+    pub(crate) fn arrived(&self, guard: MutexGuard<'_, Inner<R>>) -> usize {
+        self.epoch.bump();
+        let wake = guard.waiters > 0;
+        let len = guard.pending.len();
+        drop(guard);
+        if wake {
+            self.not_empty.notify_one();
+        }
+        len
+    }
+
     /// Wakes every waiter if there are any; for events that concern them all
     /// (close, a cancelled wait token, model time moving).
     pub(crate) fn wake_all(&self, guard: MutexGuard<'_, Inner<R>>) {

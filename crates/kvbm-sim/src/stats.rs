@@ -1,6 +1,9 @@
 //! [`HitStats`]: prefix-cache hit accounting shared by every mode.
 
+use std::fmt;
+
 use crate::WorkloadRequest;
+use crate::format::{group, percent};
 use crate::trace::ratio;
 
 /// How much of the workload's prompts the cache already held.
@@ -25,6 +28,29 @@ pub struct HitStats {
 }
 
 impl HitStats {
+    /// Writes the blocks/tokens table of the text reports: input, hits
+    /// (labelled `hit_label`, followed by `hit_note`) and hit rates.
+    pub(crate) fn write_table(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        hit_label: &str,
+        hit_note: &str,
+    ) -> fmt::Result {
+        writeln!(f, "  {:<13}{:>14} {:>16}", "", "blocks", "tokens")?;
+        let (input_blocks, input_tokens) = (group(self.input_blocks), group(self.input_tokens));
+        writeln!(f, "  {:<13}{input_blocks:>14} {input_tokens:>16}", "input")?;
+        let (hit_blocks, hit_tokens) = (group(self.hit_blocks), group(self.hit_tokens));
+        writeln!(
+            f,
+            "  {hit_label:<13}{hit_blocks:>14} {hit_tokens:>16}{hit_note}"
+        )?;
+        let (block_rate, token_rate) = (
+            percent(self.block_hit_rate()),
+            percent(self.token_hit_rate()),
+        );
+        writeln!(f, "  {:<13}{block_rate:>14} {token_rate:>16}", "hit rate")
+    }
+
     /// Counts one request whose first `hit_blocks` blocks were cached.
     pub fn record(&mut self, request: &WorkloadRequest<'_>, hit_blocks: usize, block_size: usize) {
         self.requests += 1;

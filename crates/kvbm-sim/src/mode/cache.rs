@@ -26,7 +26,7 @@ use kvbm_blocks::{BlockError, BlockManager};
 use serde_json::json;
 use tracing::instrument;
 
-use crate::format::{group, percent};
+use crate::format::group;
 use crate::{
     Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Workload, WorkloadRequest,
 };
@@ -344,25 +344,7 @@ impl fmt::Display for CacheReport {
             self.block_size,
             self.eviction
         )?;
-        writeln!(f, "              {:>14} {:>16}", "blocks", "tokens")?;
-        writeln!(
-            f,
-            "  input       {:>14} {:>16}",
-            group(hits.input_blocks),
-            group(hits.input_tokens)
-        )?;
-        writeln!(
-            f,
-            "  hit         {:>14} {:>16}",
-            group(hits.hit_blocks),
-            group(hits.hit_tokens)
-        )?;
-        writeln!(
-            f,
-            "  hit rate    {:>14} {:>16}",
-            percent(hits.block_hit_rate()),
-            percent(hits.token_hit_rate())
-        )?;
+        hits.write_table(f, "hit", "")?;
         writeln!(
             f,
             "  evictions {}, preemptions 0, oversized requests {}, replay {:.1} ms",

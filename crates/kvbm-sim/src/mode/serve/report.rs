@@ -316,25 +316,7 @@ impl fmt::Display for ServeReport {
             }
         )?;
         writeln!(f, "  step time: {}", self.step_time)?;
-        writeln!(f, "                 {:>14} {:>16}", "blocks", "tokens")?;
-        writeln!(
-            f,
-            "  input          {:>14} {:>16}",
-            group(hits.input_blocks),
-            group(hits.input_tokens)
-        )?;
-        writeln!(
-            f,
-            "  prefix hits    {:>14} {:>16}   (at first admission)",
-            group(hits.hit_blocks),
-            group(hits.hit_tokens)
-        )?;
-        writeln!(
-            f,
-            "  hit rate       {:>14} {:>16}",
-            percent(hits.block_hit_rate()),
-            percent(hits.token_hit_rate())
-        )?;
+        hits.write_table(f, "prefix hits", "   (at first admission)")?;
         writeln!(
             f,
             "  finished {}, rejected {}, outgrew the pool {}",
