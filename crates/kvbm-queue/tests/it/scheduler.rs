@@ -58,6 +58,27 @@ fn blocks(xs: &[BlockId]) -> Vec<u32> {
     xs.iter().map(|b| b.get()).collect()
 }
 
+/// Pool of 6 blocks (24 tokens); requests 1 and 2 each have 8 prompt tokens
+/// and generate 8, so together they need 8 blocks: one gets preempted. No
+/// generation reserve, so both are admitted at once.
+fn two_requests_in_a_small_pool() -> Scheduler<Gpu> {
+    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
+    let s = scheduler(6, config);
+    s.submit(request(1, 0..8, 8)).unwrap();
+    s.submit(request(2, 100..108, 8)).unwrap();
+    s
+}
+
+/// Runs audited steps until `id` is preempted.
+fn run_until_preempted(s: &mut Scheduler<Gpu>, id: RequestId) {
+    loop {
+        let (plan, _) = run(s);
+        if plan.preempted.contains(&id) {
+            return;
+        }
+    }
+}
+
 #[test]
 fn a_prompt_prefills_in_chunks_then_decodes_to_max_tokens() {
     let config = SchedulerConfig::default().with_chunk_size(4);
@@ -203,10 +224,7 @@ fn a_second_request_reuses_the_cached_prompt_prefix() {
 /// earlier needs its fifth... and resumes from its cached prefix afterwards.
 #[test]
 fn running_out_of_blocks_preempts_the_latest_admission_which_resumes_from_cache() {
-    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
-    let mut s = scheduler(6, config);
-    s.submit(request(1, 0..8, 8)).unwrap();
-    s.submit(request(2, 100..108, 8)).unwrap();
+    let mut s = two_requests_in_a_small_pool();
     let mut preempted_at = None;
     let mut resumed_start = None;
     let mut finished = vec![];
@@ -265,10 +283,7 @@ fn running_out_of_blocks_preempts_the_latest_admission_which_resumes_from_cache(
 
 #[test]
 fn preempted_requests_keep_their_generated_tokens() {
-    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
-    let mut s = scheduler(6, config);
-    s.submit(request(1, 0..8, 8)).unwrap();
-    s.submit(request(2, 100..108, 8)).unwrap();
+    let mut s = two_requests_in_a_small_pool();
     let tokens_before = loop {
         let before = s.tokens(RequestId(2)).map(<[u32]>::to_vec);
         let (plan, _) = run(&mut s);
@@ -329,10 +344,7 @@ fn an_engine_stop_finishes_early() {
 
 #[test]
 fn aborting_in_any_state_gives_everything_back() {
-    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
-    let mut s = scheduler(6, config);
-    s.submit(request(1, 0..8, 8)).unwrap();
-    s.submit(request(2, 100..108, 8)).unwrap();
+    let mut s = two_requests_in_a_small_pool();
     s.submit(request(3, 200..204, 8)).unwrap();
     run(&mut s);
     // Waiting: request 3 was not admitted? Abort whatever waits.
@@ -362,16 +374,8 @@ fn aborting_in_any_state_gives_everything_back() {
 
 #[test]
 fn aborting_a_preempted_request_drops_its_parked_sequence() {
-    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
-    let mut s = scheduler(6, config);
-    s.submit(request(1, 0..8, 8)).unwrap();
-    s.submit(request(2, 100..108, 8)).unwrap();
-    loop {
-        let (plan, _) = run(&mut s);
-        if plan.preempted.contains(&RequestId(2)) {
-            break;
-        }
-    }
+    let mut s = two_requests_in_a_small_pool();
+    run_until_preempted(&mut s, RequestId(2));
     let done = s.abort(RequestId(2)).unwrap();
     assert!(done.generated_tokens > 0);
     let census = s.audit().unwrap();
@@ -485,16 +489,8 @@ fn submit_handles_work_from_other_threads() {
 /// refreshing its cached prefix's recency).
 #[test]
 fn a_preempted_request_waits_without_churning_the_cache() {
-    let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
-    let mut s = scheduler(6, config);
-    s.submit(request(1, 0..8, 8)).unwrap();
-    s.submit(request(2, 100..108, 8)).unwrap();
-    loop {
-        let (plan, _) = run(&mut s);
-        if plan.preempted.contains(&RequestId(2)) {
-            break;
-        }
-    }
+    let mut s = two_requests_in_a_small_pool();
+    run_until_preempted(&mut s, RequestId(2));
     let matches_after_preemption = s.manager().metrics().match_hashes_requested;
     while s.running_ids().any(|id| id == RequestId(1)) {
         let (plan, _) = run(&mut s);
