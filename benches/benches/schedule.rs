@@ -20,7 +20,7 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kvbm_benches::{Xorshift, is_smoke_test};
+use kvbm_benches::{is_smoke_test, random_tokens};
 
 const BLOCK_SIZE: usize = 16;
 const PROMPT_TOKENS: usize = 2048;
@@ -29,13 +29,6 @@ const DECODE_STEPS: usize = 512;
 /// The prefill's first token plus one per decode step.
 const MAX_OUTPUT_TOKENS: usize = DECODE_STEPS + 1;
 const POOL_BLOCKS: usize = 1024;
-
-fn random_tokens(seed: u64, len: usize) -> Vec<u32> {
-    let mut rng = Xorshift::new(seed);
-    (0..len)
-        .map(|_| (rng.next_u64() % 128_000) as u32)
-        .collect()
-}
 
 /// The token "sampled" at step `i` (any value works; the same on both sides).
 fn sampled(i: usize) -> u32 {

@@ -26,19 +26,12 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kvbm_benches::{Xorshift, is_smoke_test};
+use kvbm_benches::{is_smoke_test, random_tokens};
 
 const BLOCK_SIZE: usize = 16;
 const DECODE_TOKENS: u32 = 256;
 /// Pool size for the lifecycle: a few requests' worth, so cold runs evict.
 const POOL_BLOCKS: usize = 1024;
-
-fn random_tokens(seed: u64, len: usize) -> Vec<u32> {
-    let mut rng = Xorshift::new(seed);
-    (0..len)
-        .map(|_| (rng.next_u64() % 128_000) as u32)
-        .collect()
-}
 
 mod ours {
     use kvbm_blocks::BlockManager;

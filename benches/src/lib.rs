@@ -36,6 +36,15 @@ impl Xorshift {
     }
 }
 
+/// `len` tokens drawn from a 128k vocabulary, the same for every seed on
+/// both sides of a comparison.
+pub fn random_tokens(seed: u64, len: usize) -> Vec<u32> {
+    let mut rng = Xorshift::new(seed);
+    (0..len)
+        .map(|_| (rng.next_u64() % 128_000) as u32)
+        .collect()
+}
+
 /// Building our side of a comparison.
 pub mod ours {
     /// The storage-tier marker every kvbm benchmark uses.
