@@ -59,6 +59,8 @@ mod block_sequence;
 mod error;
 mod hash;
 mod request;
+#[cfg(test)]
+mod test_support;
 
 pub use assignments::LogicalBlockAssignments;
 pub use block_sequence::BlockSequence;

@@ -6,18 +6,7 @@ use kvbm_blocks::{BlockError, BlockId, BlockManager, ImmutableBlocks};
 use super::LogicalBlockAssignments;
 use crate::{BlockSequence, SequenceError};
 
-#[derive(Debug)]
-struct Gpu;
-
-const BS: usize = 4;
-
-fn manager(blocks: usize) -> BlockManager<Gpu> {
-    BlockManager::builder()
-        .block_count(blocks)
-        .block_size(BS)
-        .build()
-        .unwrap()
-}
+use crate::test_support::{BS, Gpu, manager};
 
 fn seq(first: u32, len: u32) -> BlockSequence {
     BlockSequence::new((first..first + len).collect(), BS).unwrap()

@@ -1,23 +1,12 @@
 //! Unit tests for [`RequestSequence`]: every accessor at every phase of a
 //! request's life, and the primitives a scheduler builds on.
 
-use kvbm_blocks::{BlockId, BlockManager};
+use kvbm_blocks::BlockId;
 
 use super::RequestSequence;
 use crate::{Salt, SequenceError};
 
-#[derive(Debug)]
-struct Gpu;
-
-const BS: usize = 4;
-
-fn manager(blocks: usize) -> BlockManager<Gpu> {
-    BlockManager::builder()
-        .block_count(blocks)
-        .block_size(BS)
-        .build()
-        .unwrap()
-}
+use crate::test_support::{BS, Gpu, manager};
 
 fn request(input: u32, max_output: usize) -> RequestSequence<Gpu> {
     RequestSequence::new((0..input).collect(), max_output, BS).unwrap()
