@@ -6,11 +6,18 @@
 //! - `heap`: a `Mutex<BinaryHeap>` + `Condvar` priority queue, written here
 //!   the way it usually is (FIFO within a priority by a sequence number,
 //!   `notify_one` per push, `retain` to remove by id).
+//! - `crossbeam+idset` (MPMC only): the crossbeam channel plus a `dashmap`
+//!   set of queued ids, inserted before each send and removed after each
+//!   receive. It is the least any queue pays that refuses a duplicate id at
+//!   enqueue (still with no priorities, no remove-by-id and no exact
+//!   `len`): the floor for `RequestQueue`, where plain crossbeam is the
+//!   ceiling of a queue with no per-request state at all.
 //!
 //! Groups: single-thread enqueue+dequeue at depth 0, 1k and 100k; remove by
 //! id at depth 100k; `select_batch(256, ..)` at depth 100k; MPMC throughput
-//! for 1/2/4 producers x 1/2/4 consumers. Every group reports elements, so
-//! criterion prints ops/s (or items/s).
+//! for 1/2/4 producers x 1/2/4 consumers; and the scheduler's shape, 1/2/4
+//! producers feeding one consumer that takes up to 256 requests at a time.
+//! Every group reports elements, so criterion prints ops/s (or items/s).
 //!
 //! Run: `cargo bench -p kvbm-benches --bench queue` (a few minutes);
 //! smoke: `cargo test -p kvbm-benches --bench queue` (seconds, small depths).
@@ -401,6 +408,36 @@ impl Mpmc for Channel {
     }
 }
 
+/// crossbeam plus a concurrent set of queued ids: what duplicate rejection
+/// alone costs (see the module docs).
+struct IdSetChannel {
+    ids: dashmap::DashSet<u64, foldhash::fast::RandomState>,
+    channel: Channel,
+}
+
+impl Mpmc for IdSetChannel {
+    type Producer<'a> = (
+        &'a dashmap::DashSet<u64, foldhash::fast::RandomState>,
+        crossbeam_channel::Sender<Req>,
+    );
+    fn producer(&self) -> Self::Producer<'_> {
+        (&self.ids, self.channel.producer())
+    }
+    fn push((ids, tx): &Self::Producer<'_>, id: u64) {
+        assert!(ids.insert(id), "fresh id");
+        tx.send(req(id)).expect("connected");
+    }
+    fn pop(&self) -> bool {
+        match self.channel.rx.recv() {
+            Ok(taken) => self.ids.remove(&taken.id).is_some(),
+            Err(_) => false,
+        }
+    }
+    fn finish(&self) {
+        self.channel.finish();
+    }
+}
+
 /// Runs `producers` threads that push `total` items between them and
 /// `consumers` threads that take them until the end. Returns the wall time
 /// from the first spawn to the last join.
@@ -459,6 +496,15 @@ fn mpmc(c: &mut Criterion) {
                     mpmc_run(&Channel::new(), producers, consumers, total(iters))
                 });
             });
+            group.bench_function(BenchmarkId::new("crossbeam+idset", &shape), |b| {
+                b.iter_custom(|iters| {
+                    let floor = IdSetChannel {
+                        ids: dashmap::DashSet::with_hasher(Default::default()),
+                        channel: Channel::new(),
+                    };
+                    mpmc_run(&floor, producers, consumers, total(iters))
+                });
+            });
             group.bench_function(BenchmarkId::new("heap", &shape), |b| {
                 b.iter_custom(|iters| {
                     mpmc_run(&HeapQueue::default(), producers, consumers, total(iters))
@@ -469,5 +515,121 @@ fn mpmc(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, enqueue_dequeue, remove, select_batch, mpmc);
+/// Requests a batch consumer takes at most at a time (vLLM's default
+/// `max_num_seqs`).
+const BATCH: usize = 256;
+
+/// The scheduler's side of a queue: take up to [`BATCH`] requests without
+/// blocking, and report how many came.
+trait BatchConsumer: Sync {
+    fn push(&self, id: u64);
+    fn take_batch(&self) -> usize;
+}
+
+impl BatchConsumer for RequestQueue<Req> {
+    fn push(&self, id: u64) {
+        self.enqueue(req(id)).expect("fresh id");
+    }
+    fn take_batch(&self) -> usize {
+        self.select_batch(BATCH, u64::MAX).len()
+    }
+}
+
+impl BatchConsumer for HeapQueue {
+    fn push(&self, id: u64) {
+        HeapQueue::push(self, req(id));
+    }
+    fn take_batch(&self) -> usize {
+        self.select(BATCH, u64::MAX).len()
+    }
+}
+
+/// A bare channel: producers share one sender (no lock; `Sender` is `Sync`).
+type Pipe = (
+    crossbeam_channel::Sender<Req>,
+    crossbeam_channel::Receiver<Req>,
+);
+
+impl BatchConsumer for Pipe {
+    fn push(&self, id: u64) {
+        self.0.send(req(id)).expect("connected");
+    }
+    fn take_batch(&self) -> usize {
+        self.1.try_iter().take(BATCH).count()
+    }
+}
+
+/// `producers` threads push `total` requests between them while one
+/// consumer takes batches until they are done and everything is taken (it
+/// yields when it finds nothing, as a scheduler between steps would wait).
+fn batch_run<Q: BatchConsumer>(queue: &Q, producers: u64, total: u64) -> Duration {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let per_producer = total / producers;
+    let done = AtomicBool::new(false);
+    let start = Instant::now();
+    thread::scope(|s| {
+        let taker = s.spawn(|| {
+            let mut taken = 0u64;
+            loop {
+                let got = queue.take_batch();
+                taken += got as u64;
+                if got == 0 {
+                    // Every push happened before `done` was set: one more
+                    // look after seeing it finds whatever is left.
+                    if done.load(Ordering::Acquire) && queue.take_batch() == 0 {
+                        return taken;
+                    }
+                    thread::yield_now();
+                }
+            }
+        });
+        let givers: Vec<_> = (0..producers)
+            .map(|p| {
+                s.spawn(move || {
+                    for i in 0..per_producer {
+                        queue.push(p * per_producer + i);
+                    }
+                })
+            })
+            .collect();
+        for giver in givers {
+            giver.join().expect("producer");
+        }
+        done.store(true, Ordering::Release);
+        assert_eq!(taker.join().expect("consumer"), per_producer * producers);
+    });
+    start.elapsed()
+}
+
+fn batch_consumer(c: &mut Criterion) {
+    let mut group = c.benchmark_group("queue/batch_consumer");
+    configure(&mut group);
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(MPMC_ITEMS));
+    for producers in [1u64, 2, 4] {
+        let shape = format!("{producers}p");
+        let total = |iters: u64| iters * MPMC_ITEMS;
+        group.bench_function(BenchmarkId::new("kvbm", &shape), |b| {
+            b.iter_custom(|iters| batch_run(&kvbm_queue(), producers, total(iters)));
+        });
+        group.bench_function(BenchmarkId::new("crossbeam", &shape), |b| {
+            b.iter_custom(|iters| {
+                batch_run(&crossbeam_channel::unbounded(), producers, total(iters))
+            });
+        });
+        group.bench_function(BenchmarkId::new("heap", &shape), |b| {
+            b.iter_custom(|iters| batch_run(&HeapQueue::default(), producers, total(iters)));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    enqueue_dequeue,
+    remove,
+    select_batch,
+    mpmc,
+    batch_consumer
+);
 criterion_main!(benches);
