@@ -8,10 +8,10 @@
 //!   `notify_one` per push, `retain` to remove by id).
 //! - `crossbeam+idset` (MPMC only): the crossbeam channel plus a `dashmap`
 //!   set of queued ids, inserted before each send and removed after each
-//!   receive. It is the least any queue pays that refuses a duplicate id at
-//!   enqueue (still with no priorities, no remove-by-id and no exact
-//!   `len`): the floor for `RequestQueue`, where plain crossbeam is the
-//!   ceiling of a queue with no per-request state at all.
+//!   receive: what refusing a duplicate id at enqueue costs on its own,
+//!   still with no priorities, no remove-by-id and no exact `len`. It is a
+//!   floor for `RequestQueue`, where plain crossbeam is the ceiling of a
+//!   queue that keeps no per-request state at all.
 //!
 //! Groups: single-thread enqueue+dequeue at depth 0, 1k and 100k; remove by
 //! id at depth 100k; `select_batch(256, ..)` at depth 100k; MPMC throughput
@@ -429,7 +429,10 @@ impl Mpmc for IdSetChannel {
     }
     fn pop(&self) -> bool {
         match self.channel.rx.recv() {
-            Ok(taken) => self.ids.remove(&taken.id).is_some(),
+            Ok(taken) => {
+                assert!(self.ids.remove(&taken.id).is_some(), "queued id");
+                true
+            }
             Err(_) => false,
         }
     }
