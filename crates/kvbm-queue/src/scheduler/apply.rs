@@ -1,0 +1,107 @@
+//! [`Scheduler::apply`]: commits what the engine sampled for the planned step.
+
+use std::collections::HashSet;
+
+use tracing::debug;
+
+use super::running::Running;
+use super::{
+    EngineOutput, FinishReason, OutputsById, PendingStep, RequestId, Scheduler, SchedulerError,
+    StepReport,
+};
+
+impl<M> Scheduler<M> {
+    /// Commits what the engine sampled for the pending plan.
+    ///
+    /// `outputs` holds one entry per planned request, in any order (entries
+    /// for requests aborted since the plan are ignored).
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error: [`SchedulerError::NoStepPending`],
+    /// [`SchedulerError::MissingOutput`], [`SchedulerError::UnexpectedOutput`],
+    /// [`SchedulerError::DuplicateOutput`], [`SchedulerError::MissingToken`]
+    /// or [`SchedulerError::UnexpectedToken`].
+    pub fn apply(&mut self, outputs: &[EngineOutput]) -> Result<StepReport, SchedulerError> {
+        let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
+        let by_id = self.check_outputs(pending, outputs)?;
+        let step = pending.step;
+        self.pending = None;
+
+        let mut report = StepReport {
+            step,
+            ..StepReport::default()
+        };
+        let mut i = 0;
+        while i < self.running.len() {
+            let running = &mut self.running[i];
+            let Some(&output) = by_id.get(&running.id()) else {
+                i += 1;
+                continue;
+            };
+            match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
+                Ok(None) => i += 1,
+                Ok(Some(reason)) => {
+                    let done = self.running.swap_remove(i);
+                    let generated = done.seq.generated_tokens();
+                    report
+                        .finished
+                        .push(self.exit(done.id(), reason, generated));
+                }
+                Err(err) => {
+                    // Unreachable after `check_outputs`; never panic.
+                    let done = self.running.swap_remove(i);
+                    debug!(id = %done.id(), %err, "request failed to apply");
+                    let generated = done.seq.generated_tokens();
+                    report
+                        .finished
+                        .push(self.exit(done.id(), FinishReason::Aborted, generated));
+                }
+            }
+        }
+        debug!(step, finished = report.finished.len(), "step applied");
+        Ok(report)
+    }
+
+    /// Validates `outputs` against the plan without changing anything.
+    pub(super) fn check_outputs(
+        &self,
+        pending: &PendingStep,
+        outputs: &[EngineOutput],
+    ) -> Result<OutputsById, SchedulerError> {
+        let mut by_id = OutputsById::with_capacity_and_hasher(outputs.len(), Default::default());
+        for output in outputs {
+            if pending.aborted.contains(&output.id) {
+                continue;
+            }
+            if by_id.insert(output.id, *output).is_some() {
+                return Err(SchedulerError::DuplicateOutput { id: output.id });
+            }
+        }
+        let mut expected = 0;
+        for running in &self.running {
+            let Some(work) = running.work else { continue };
+            expected += 1;
+            let id = running.id();
+            let output = by_id.get(&id).ok_or(SchedulerError::MissingOutput { id })?;
+            match (work.samples_token(), output.token.is_some()) {
+                (true, false) => return Err(SchedulerError::MissingToken { id }),
+                (false, true) => return Err(SchedulerError::UnexpectedToken { id }),
+                _ => {}
+            }
+        }
+        if by_id.len() != expected {
+            let scheduled: HashSet<RequestId> = self
+                .running
+                .iter()
+                .filter(|r| r.work.is_some())
+                .map(Running::id)
+                .collect();
+            let stray = by_id.keys().find(|id| !scheduled.contains(id));
+            if let Some(&id) = stray {
+                return Err(SchedulerError::UnexpectedOutput { id });
+            }
+        }
+        Ok(by_id)
+    }
+}

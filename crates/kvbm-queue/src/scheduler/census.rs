@@ -1,0 +1,111 @@
+//! [`Census`] and [`Scheduler::audit`]: where every request and block is.
+
+use std::collections::HashSet;
+
+use super::{RequestId, Scheduler, SchedulerError};
+
+/// Where every request is: the scheduler's conservation law.
+///
+/// `submitted == waiting + running + finished + aborted` holds after every
+/// call ([`is_balanced`](Self::is_balanced)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Census {
+    /// Requests ever accepted by `submit`.
+    pub submitted: u64,
+    /// Requests in the waiting queue (new or preempted).
+    pub waiting: u64,
+    /// Requests admitted and holding blocks.
+    pub running: u64,
+    /// Requests that finished (max tokens or stop).
+    pub finished: u64,
+    /// Requests aborted, cancelled while waiting, or dropped because the
+    /// queue was closed under them.
+    pub aborted: u64,
+    /// Preemptions so far (a request may be preempted more than once).
+    pub preemptions: u64,
+    /// Tokens of the sequences admitted, counting every admission: the prompt
+    /// for a new request, prompt plus generated tokens for a resumption.
+    pub prompt_tokens: u64,
+    /// Of those, tokens served from the prefix cache.
+    pub prefix_hit_tokens: u64,
+}
+
+impl Census {
+    /// Whether every submitted request is in exactly one place.
+    pub fn is_balanced(&self) -> bool {
+        self.submitted == self.waiting + self.running + self.finished + self.aborted
+    }
+}
+
+impl<M> Scheduler<M> {
+    /// Where every request is right now.
+    pub fn census(&self) -> Census {
+        let queue = self.queue.stats();
+        Census {
+            submitted: queue.enqueued,
+            waiting: queue.len as u64,
+            running: self.running.len() as u64,
+            finished: self.counters.finished,
+            aborted: self.counters.aborted_running
+                + self.counters.dropped_on_restore
+                + queue.removed
+                + queue.cancelled,
+            preemptions: self.counters.preemptions,
+            prompt_tokens: self.counters.prompt_tokens,
+            prefix_hit_tokens: self.counters.prefix_hit_tokens,
+        }
+    }
+
+    /// Checks both conservation laws: every request in exactly one place, and
+    /// every block in use held by exactly the running requests (assuming this
+    /// scheduler is the manager's only user). O(blocks); for tests and
+    /// debugging.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::InvariantViolated`] or [`SchedulerError::Block`]
+    /// describing the first discrepancy.
+    pub fn audit(&self) -> Result<Census, SchedulerError> {
+        let fail = |msg: String| Err(SchedulerError::InvariantViolated(msg));
+        let census = self.census();
+        if !census.is_balanced() {
+            return fail(format!("requests unaccounted for: {census:?}"));
+        }
+        let live = self.live.set().clone();
+        for id in self.parked.keys() {
+            // A parked request cancelled through a handle is dropped at the
+            // next step; until then it is neither waiting nor live.
+            if !self.queue.contains(*id) && live.contains(id) {
+                return fail(format!("parked {id} is live but not waiting"));
+            }
+        }
+        let running_ids: HashSet<RequestId> = self.running_ids().collect();
+        if live.len() != running_ids.len() + census.waiting as usize
+            || !running_ids.iter().all(|id| live.contains(id))
+        {
+            return fail(format!(
+                "{} live ids for {} running and {} waiting requests",
+                live.len(),
+                running_ids.len(),
+                census.waiting
+            ));
+        }
+        let mut held = HashSet::new();
+        for running in &self.running {
+            if self.queue.contains(running.id()) {
+                return fail(format!("{} is both running and waiting", running.id()));
+            }
+            held.extend(running.seq.block_ids());
+        }
+        let blocks = self.manager.audit()?;
+        if blocks.in_use_blocks() != held.len() {
+            return fail(format!(
+                "{} blocks in use but running requests hold {}",
+                blocks.in_use_blocks(),
+                held.len()
+            ));
+        }
+        Ok(census)
+    }
+}

@@ -1,0 +1,92 @@
+//! [`Scheduler::step`]: plans one engine iteration, running requests first.
+
+use std::collections::HashSet;
+
+use kvbm_schedule::ScheduleError;
+use tracing::debug;
+
+use super::{FinishReason, PendingStep, Scheduler, SchedulerError, StepPlan};
+
+impl<M> Scheduler<M> {
+    /// Plans the next engine iteration.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::StepPending`] if the previous plan was not applied.
+    pub fn step(&mut self) -> Result<StepPlan, SchedulerError> {
+        if let Some(pending) = &self.pending {
+            return Err(SchedulerError::StepPending { step: pending.step });
+        }
+        let mut plan = StepPlan {
+            step: self.next_step,
+            ..StepPlan::default()
+        };
+        // Drop the progress of preempted requests cancelled meanwhile.
+        let queue = &self.queue;
+        self.parked.retain(|id, _| queue.contains(*id));
+        let mut budget = self.config.token_budget;
+        self.schedule_running(&mut budget, &mut plan);
+        if plan.preempted.is_empty() {
+            self.admit(&mut budget, &mut plan);
+        }
+        self.next_step += 1;
+        self.pending = Some(PendingStep {
+            step: plan.step,
+            aborted: HashSet::new(),
+        });
+        debug!(
+            step = plan.step,
+            prefill = plan.prefill.len(),
+            decode = plan.decode.len(),
+            preempted = plan.preempted.len(),
+            tokens = plan.num_tokens(),
+            "step planned"
+        );
+        Ok(plan)
+    }
+
+    /// Running requests, most important first; preemption victims come from
+    /// the end of this order.
+    pub(super) fn schedule_running(&mut self, budget: &mut usize, plan: &mut StepPlan) {
+        self.running
+            .sort_by_key(|r| (std::cmp::Reverse(r.priority()), r.admission));
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            match self.running[i].schedule(&self.manager, *budget, self.config.chunk_size) {
+                Ok(Some(work)) => {
+                    *budget -= work.tokens();
+                    self.running[i].push_work(work, plan);
+                    i += 1;
+                }
+                Ok(None) => i += 1,
+                Err(ScheduleError::AllocationFailed { .. }) if self.running.len() == 1 => {
+                    // Alone and still out of blocks: its length outgrew the
+                    // whole pool, and preempting it would only loop.
+                    let done = self.running.remove(i);
+                    debug!(id = %done.id(), "request outgrew the block pool");
+                    let generated = done.seq.generated_tokens();
+                    plan.finished.push(self.exit(
+                        done.id(),
+                        FinishReason::CapacityExceeded,
+                        generated,
+                    ));
+                }
+                Err(ScheduleError::AllocationFailed { .. }) => {
+                    // The victim: the least important request not yet
+                    // scheduled, which is the last one (possibly `i` itself).
+                    let victim = self.running.len() - 1;
+                    self.preempt(victim, plan);
+                }
+                Err(err) => {
+                    // Unreachable for a consistent sequence; never panic:
+                    // take the request out and keep the rest going.
+                    let done = self.running.remove(i);
+                    debug!(id = %done.id(), %err, "request failed to schedule");
+                    let generated = done.seq.generated_tokens();
+                    plan.finished
+                        .push(self.exit(done.id(), FinishReason::Aborted, generated));
+                }
+            }
+        }
+    }
+}
