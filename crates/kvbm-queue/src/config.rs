@@ -152,13 +152,22 @@ impl QueueConfig {
     /// Reserves room for `capacity` queued requests up front (the C# spec's
     /// `initialCapacity`), so a queue that will be deep does not grow, and
     /// rehash its index, under its lock while it fills.
+    ///
+    /// A hint, not a limit: at most [`MAX_RESERVED`](Self::MAX_RESERVED)
+    /// requests' room is reserved, whatever is asked (a huge value must not
+    /// abort the process), and the queue grows past it as requests arrive.
     pub fn with_capacity(self, capacity: usize) -> Self {
         Self { capacity, ..self }
     }
 
-    /// Requests the queue has room for before it allocates.
+    /// The most requests [`with_capacity`](Self::with_capacity) reserves room
+    /// for up front.
+    pub const MAX_RESERVED: usize = 1 << 16;
+
+    /// Requests the queue reserves room for before it allocates: the
+    /// requested capacity, at most [`MAX_RESERVED`](Self::MAX_RESERVED).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity.min(Self::MAX_RESERVED)
     }
 
     /// Tokens per KV block.

@@ -32,12 +32,18 @@ impl<M> Scheduler<M> {
         let mut room = blocks;
         while let Some(admitted) = candidates.next() {
             let id = admitted.id();
-            let cost = match self.parked.get(&id) {
-                Some(seq) => self.queue.config().request_blocks(
-                    u32::try_from(seq.total_tokens()).unwrap_or(u32::MAX),
-                    u32::try_from(seq.remaining_tokens()).unwrap_or(u32::MAX),
-                ),
+            let cost = match self.parked.get(&id).map(|seq| self.resume_blocks(seq)) {
                 None => admitted.blocks(),
+                Some(Some(cost)) => cost,
+                Some(None) => {
+                    // Preempted after outgrowing the whole pool: it can never
+                    // run again, and waiting would block the line behind it.
+                    let generated = self.parked.remove(&id).map_or(0, |s| s.generated_tokens());
+                    debug!(%id, "preempted request outgrew the block pool");
+                    plan.finished
+                        .push(self.exit(id, FinishReason::CapacityExceeded, generated));
+                    continue;
+                }
             };
             if *budget == 0 || cost > room {
                 // Head of line: it and everyone behind it keep their places,
@@ -92,6 +98,24 @@ impl<M> Scheduler<M> {
         }
     }
 
+    /// Blocks a preempted request is charged to resume: its current length
+    /// (prompt plus generated tokens) plus the generation reserve for what it
+    /// may still generate, capped at the whole pool, so that it is admitted
+    /// once the pool is free rather than waiting at the head of the line
+    /// forever; `None` if its current length alone exceeds the pool.
+    fn resume_blocks(&self, seq: &SchedulableSequence<M>) -> Option<u64> {
+        let pool = self.manager.total_blocks() as u64;
+        let block_size = self.manager.block_size() as u64;
+        if (seq.total_tokens() as u64).div_ceil(block_size) > pool {
+            return None;
+        }
+        let cost = self.queue.config().request_blocks(
+            u32::try_from(seq.total_tokens()).unwrap_or(u32::MAX),
+            u32::try_from(seq.remaining_tokens()).unwrap_or(u32::MAX),
+        );
+        Some(cost.min(pool))
+    }
+
     /// The sequence of an admitted request: a preempted one reacquires its
     /// cached prefix, a new one is built and matched.
     pub(super) fn resume_or_start(
@@ -104,12 +128,10 @@ impl<M> Scheduler<M> {
             return Ok(seq);
         }
         let request = admitted.request();
-        // Room for every token it may generate: no reallocation mid-decode.
-        let mut tokens =
-            Vec::with_capacity(request.prompt().len() + request.max_new_tokens() as usize);
-        tokens.extend_from_slice(request.prompt());
+        // Room for the prompt only: memory grows with the tokens actually
+        // generated, never with `max_new_tokens` (which may be `u32::MAX`).
         let mut seq = SchedulableSequence::builder(
-            tokens,
+            request.prompt().to_vec(),
             request.max_new_tokens() as usize,
             self.manager.block_size(),
         )

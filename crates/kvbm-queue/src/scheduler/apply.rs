@@ -25,11 +25,14 @@ impl<M> Scheduler<M> {
     pub fn apply(&mut self, outputs: &[EngineOutput]) -> Result<StepReport, SchedulerError> {
         let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
         let by_id = self.check_outputs(pending, outputs)?;
+        let Some(pending) = self.pending.take() else {
+            return Err(SchedulerError::NoStepPending);
+        };
         let step = pending.step;
-        self.pending = None;
 
         let mut report = StepReport {
             step,
+            finished: pending.cancelled,
             ..StepReport::default()
         };
         let mut i = 0;
@@ -59,6 +62,9 @@ impl<M> Scheduler<M> {
                 }
             }
         }
+        // Requests cancelled while the engine ran end now, after their
+        // computed work is committed (what they registered stays cached).
+        self.end_cancelled(&mut report.finished);
         debug!(step, finished = report.finished.len(), "step applied");
         Ok(report)
     }

@@ -68,29 +68,41 @@ impl<M> Scheduler<M> {
     /// describing the first discrepancy.
     pub fn audit(&self) -> Result<Census, SchedulerError> {
         let fail = |msg: String| Err(SchedulerError::InvariantViolated(msg));
+        // Held throughout, so no submit or cancel from another thread lands
+        // between the reads below.
+        let live = self.live.state();
         let census = self.census();
         if !census.is_balanced() {
             return fail(format!("requests unaccounted for: {census:?}"));
         }
-        let live = self.live.set().clone();
-        for id in self.parked.keys() {
-            // A parked request cancelled through a handle is dropped at the
-            // next step; until then it is neither waiting nor live.
-            if !self.queue.contains(*id) && live.contains(id) {
-                return fail(format!("parked {id} is live but not waiting"));
+        let running_ids: HashSet<RequestId> = self.running_ids().collect();
+        // Every live id is running, waiting, or cancelled and not yet ended
+        // (the handle took it out of the queue); every running and waiting
+        // id is live.
+        let mut out_of_queue = 0;
+        for id in &live.live {
+            if !running_ids.contains(id) && !self.queue.contains(*id) {
+                if !live.cancelled.contains(id) {
+                    return fail(format!("{id} is live but neither running nor waiting"));
+                }
+                out_of_queue += 1;
             }
         }
-        let running_ids: HashSet<RequestId> = self.running_ids().collect();
-        if live.len() != running_ids.len() + census.waiting as usize
-            || !running_ids.iter().all(|id| live.contains(id))
-        {
+        if live.live.len() != running_ids.len() + census.waiting as usize + out_of_queue {
             return fail(format!(
-                "{} live ids for {} running and {} waiting requests",
-                live.len(),
+                "{} live ids for {} running, {} waiting and {out_of_queue} cancelled requests",
+                live.live.len(),
                 running_ids.len(),
                 census.waiting
             ));
         }
+        if let Some(id) = live.cancelled.iter().find(|id| !live.live.contains(id)) {
+            return fail(format!("{id} is cancelled but not live"));
+        }
+        if let Some(id) = self.parked.keys().find(|id| !live.live.contains(id)) {
+            return fail(format!("parked {id} is not live"));
+        }
+        drop(live);
         let mut held = HashSet::new();
         for running in &self.running {
             if self.queue.contains(running.id()) {

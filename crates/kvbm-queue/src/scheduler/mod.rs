@@ -83,6 +83,9 @@ type OutputsById = HashMap<RequestId, EngineOutput, foldhash::fast::RandomState>
 struct PendingStep {
     step: u64,
     aborted: HashSet<RequestId>,
+    /// Requests cancelled through a handle and ended while planning: the
+    /// step's report lists them.
+    cancelled: Vec<Finished>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -158,9 +161,11 @@ impl<M> Scheduler<M> {
         &self.config
     }
 
-    /// Whether nothing is waiting or running.
+    /// Whether nothing is waiting or running and every request submitted has
+    /// been reported finished (a cancellation not yet reported keeps the
+    /// scheduler busy until the next step reports it).
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.queue.is_empty()
+        self.running.is_empty() && self.live.state().live.is_empty()
     }
 
     /// The ids of the running requests.
@@ -185,7 +190,7 @@ impl<M> Scheduler<M> {
     fn exit(&mut self, id: RequestId, reason: FinishReason, generated_tokens: usize) -> Finished {
         match reason {
             FinishReason::MaxTokens | FinishReason::Stop => self.counters.finished += 1,
-            FinishReason::Aborted | FinishReason::CapacityExceeded => {
+            FinishReason::Aborted | FinishReason::Cancelled | FinishReason::CapacityExceeded => {
                 self.counters.aborted_running += 1;
             }
         }

@@ -104,9 +104,14 @@ pub enum FinishReason {
     MaxTokens,
     /// The engine reported a stop (end-of-sequence or a stop string).
     Stop,
-    /// [`Scheduler::abort`](crate::Scheduler::abort) took it out.
+    /// [`Scheduler::abort`](crate::Scheduler::abort) took it out, or it could
+    /// not be scheduled at all.
     Aborted,
+    /// [`SubmitHandle::cancel`](crate::SubmitHandle::cancel) (or
+    /// [`Scheduler::cancel`](crate::Scheduler::cancel)) ended it.
+    Cancelled,
     /// Its length outgrew the whole block pool: even running alone it could
-    /// not get a block for its next token.
+    /// not get a block for its next token, or, preempted, it had grown too
+    /// long to be resumed in the whole pool.
     CapacityExceeded,
 }

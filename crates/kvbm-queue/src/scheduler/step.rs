@@ -21,9 +21,9 @@ impl<M> Scheduler<M> {
             step: self.next_step,
             ..StepPlan::default()
         };
-        // Drop the progress of preempted requests cancelled meanwhile.
-        let queue = &self.queue;
-        self.parked.retain(|id, _| queue.contains(*id));
+        // Cancelled requests leave before anything is planned for them.
+        let mut cancelled = Vec::new();
+        self.end_cancelled(&mut cancelled);
         let mut budget = self.config.token_budget;
         self.schedule_running(&mut budget, &mut plan);
         if plan.preempted.is_empty() {
@@ -33,6 +33,7 @@ impl<M> Scheduler<M> {
         self.pending = Some(PendingStep {
             step: plan.step,
             aborted: HashSet::new(),
+            cancelled,
         });
         debug!(
             step = plan.step,

@@ -5,6 +5,8 @@
 //! proptest). Tracing events are checked in their own binary, `tests/events.rs`.
 
 mod defects;
+#[cfg(not(kvbm_loom))]
+mod edges;
 mod model;
 #[cfg(not(kvbm_loom))]
 mod scheduler;

@@ -41,7 +41,7 @@ pub(crate) fn outputs(plan: &StepPlan) -> Vec<EngineOutput> {
 }
 
 /// Plans, runs and applies one step, auditing before and after.
-fn run(s: &mut Scheduler<Gpu>) -> (StepPlan, StepReport) {
+pub(crate) fn run(s: &mut Scheduler<Gpu>) -> (StepPlan, StepReport) {
     s.audit().expect("consistent before the step");
     let plan = s.step().expect("no step pending");
     s.audit().expect("consistent after planning");
@@ -61,7 +61,7 @@ fn blocks(xs: &[BlockId]) -> Vec<u32> {
 /// Pool of 6 blocks (24 tokens); requests 1 and 2 each have 8 prompt tokens
 /// and generate 8, so together they need 8 blocks: one gets preempted. No
 /// generation reserve, so both are admitted at once.
-fn two_requests_in_a_small_pool() -> Scheduler<Gpu> {
+pub(crate) fn two_requests_in_a_small_pool() -> Scheduler<Gpu> {
     let config = SchedulerConfig::default().with_reserve(GenerationReserve::Capped(0));
     let s = scheduler(6, config);
     s.submit(request(1, 0..8, 8)).unwrap();
@@ -70,7 +70,7 @@ fn two_requests_in_a_small_pool() -> Scheduler<Gpu> {
 }
 
 /// Runs audited steps until `id` is preempted.
-fn run_until_preempted(s: &mut Scheduler<Gpu>, id: RequestId) {
+pub(crate) fn run_until_preempted(s: &mut Scheduler<Gpu>, id: RequestId) {
     loop {
         let (plan, _) = run(s);
         if plan.preempted.contains(&id) {
@@ -472,10 +472,21 @@ fn submit_handles_work_from_other_threads() {
         }
     });
     assert!(handle.cancel(RequestId(0)));
-    assert!(!handle.cancel(RequestId(0)));
+    // Still known until a step reports it.
+    assert!(handle.cancel(RequestId(0)));
+    let mut cancelled = Vec::new();
     while !s.is_idle() {
-        run(&mut s);
+        let (_, report) = run(&mut s);
+        cancelled.extend(
+            report
+                .finished
+                .iter()
+                .filter(|f| f.reason == FinishReason::Cancelled)
+                .map(|f| f.id),
+        );
     }
+    assert_eq!(cancelled, [RequestId(0)]);
+    assert!(!handle.cancel(RequestId(0)));
     let census = s.audit().unwrap();
     assert_eq!(
         (census.submitted, census.finished, census.aborted),
