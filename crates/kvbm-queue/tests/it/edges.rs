@@ -126,8 +126,8 @@ fn max_new_tokens_u32_max_allocates_only_what_arrives() {
 #[test]
 fn a_huge_queue_capacity_is_only_a_hint() {
     let config = QueueConfig::new(16, 64).with_capacity(usize::MAX);
-    assert_eq!(config.capacity(), QueueConfig::MAX_RESERVED);
     let queue = with_config(config);
+    assert_eq!(config.capacity(), QueueConfig::MAX_RESERVED);
     queue
         .enqueue(Req {
             id: 1,

@@ -501,7 +501,7 @@ impl<'a> ServeSim<'a> {
         track.outcome = match reason {
             FinishReason::MaxTokens | FinishReason::Stop => ServeOutcome::Finished,
             FinishReason::CapacityExceeded => ServeOutcome::CapacityExceeded,
-            FinishReason::Aborted => ServeOutcome::Aborted,
+            FinishReason::Aborted | FinishReason::Cancelled => ServeOutcome::Aborted,
         };
         self.counters.exited += 1;
         self.counters.unreported += 1;
