@@ -1,6 +1,6 @@
 //! [`SchedulerConfig`]: the per-step limits, with documented defaults.
 
-use crate::{GenerationReserve, Selection};
+use crate::{Aging, GenerationReserve, Selection};
 
 /// The limits one [`Scheduler::step`](crate::Scheduler::step) works within.
 ///
@@ -22,6 +22,11 @@ pub struct SchedulerConfig {
     pub reserve: GenerationReserve,
     /// What admission does when the next request does not fit.
     pub selection: Selection,
+    /// How priority and arrival order combine in the waiting queue. The
+    /// default, [`Aging::Strict`], lets a steady stream of urgent requests
+    /// starve less urgent ones; [`Aging::Window`] bounds how many later
+    /// arrivals may overtake a request, so every request is admitted.
+    pub aging: Aging,
 }
 
 impl Default for SchedulerConfig {
@@ -33,6 +38,7 @@ impl Default for SchedulerConfig {
             watermark_blocks: None,
             reserve: GenerationReserve::default(),
             selection: Selection::HeadOfLine,
+            aging: Aging::Strict,
         }
     }
 }
@@ -71,6 +77,12 @@ impl SchedulerConfig {
     /// Sets [`selection`](Self::selection).
     pub fn with_selection(mut self, selection: Selection) -> Self {
         self.selection = selection;
+        self
+    }
+
+    /// Sets [`aging`](Self::aging).
+    pub fn with_aging(mut self, aging: Aging) -> Self {
+        self.aging = aging;
         self
     }
 

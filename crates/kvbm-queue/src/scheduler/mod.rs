@@ -120,7 +120,8 @@ impl<M> Scheduler<M> {
         let block_tokens = u32::try_from(manager.block_size()).unwrap_or(u32::MAX);
         let queue_config = QueueConfig::new(block_tokens, manager.total_blocks() as u64)
             .with_reserve(config.reserve)
-            .with_selection(config.selection);
+            .with_selection(config.selection)
+            .with_aging(config.aging);
         let queue = RequestQueue::new(queue_config)?;
         Ok(Self {
             manager,

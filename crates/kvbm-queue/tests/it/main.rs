@@ -7,6 +7,10 @@
 mod defects;
 #[cfg(not(kvbm_loom))]
 mod edges;
+#[cfg(not(kvbm_loom))]
+mod fuzz;
+#[cfg(not(kvbm_loom))]
+mod liveness;
 mod model;
 #[cfg(not(kvbm_loom))]
 mod scheduler;
@@ -18,6 +22,15 @@ mod spec;
 mod stress;
 
 use kvbm_queue::{Priority, QueueConfig, Request, RequestQueue};
+
+/// Cases per fuzz test: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N`
+/// sets it), else `default`, sized for CI.
+pub(crate) fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("KVBM_FUZZ_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(default)
+}
 
 /// A plain request. With the default 16-token blocks and `max_new: 0`, its
 /// cost is `ceil(prompt / 16)` blocks.

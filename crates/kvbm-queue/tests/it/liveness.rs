@@ -1,0 +1,248 @@
+//! Liveness: random workloads (pool, limits, reserve, prompts with shared
+//! prefixes, arrivals over time, engine stops) run to completion within a
+//! bound on steps. Every request whose prompt plus `max_new_tokens` fits the
+//! pool finishes on its own terms (`MaxTokens` or `Stop`); a request that can
+//! never fit is refused at submit or finishes with a reason, and nothing is
+//! requeued forever. With aging on, a steady stream of urgent requests does
+//! not starve a less urgent one. `cargo xtask fuzz` runs these long.
+
+use std::collections::HashMap;
+
+use kvbm_queue::{
+    Aging, FinishReason, Finished, GenerationReserve, InferenceRequest, Priority, QueueError,
+    RequestId, SchedulerConfig,
+};
+use proptest::prelude::*;
+
+use super::fuzz_cases;
+use super::scheduler::{outputs, scheduler};
+
+#[derive(Clone, Debug)]
+struct Arrival {
+    step: u32,
+    prompt: u32,
+    family: u32,
+    max_new: u32,
+    priority: Priority,
+}
+
+fn arrival(pool_tokens: u32) -> impl Strategy<Value = Arrival> {
+    let priority = prop_oneof![
+        Just(Priority::Low),
+        Just(Priority::Normal),
+        Just(Priority::High),
+        Just(Priority::Critical)
+    ];
+    (
+        0u32..30,
+        1..=pool_tokens,
+        0u32..3,
+        0..=pool_tokens * 2,
+        priority,
+    )
+        .prop_map(|(step, prompt, family, max_new, priority)| Arrival {
+            step,
+            prompt,
+            family,
+            max_new,
+            priority,
+        })
+}
+
+#[derive(Clone, Debug)]
+struct Workload {
+    blocks: usize,
+    config: SchedulerConfig,
+    arrivals: Vec<Arrival>,
+    /// Bit `k % 64` set: the `k`th sampled token of a step stops its request.
+    stops: u64,
+}
+
+/// Block size of the workloads (the shared test scheduler's).
+const BS: u32 = super::scheduler::BS as u32;
+
+fn workload() -> impl Strategy<Value = Workload> {
+    let reserve = prop_oneof![
+        Just(GenerationReserve::Full),
+        (0u32..24).prop_map(GenerationReserve::Capped)
+    ];
+    (
+        2usize..16,
+        1usize..6,
+        1usize..40,
+        1usize..40,
+        0usize..3,
+        reserve,
+    )
+        .prop_flat_map(|(blocks, max_running, budget, chunk, watermark, reserve)| {
+            let config = SchedulerConfig::default()
+                .with_max_running(max_running)
+                .with_token_budget(budget)
+                .with_chunk_size(chunk)
+                .with_watermark_blocks(watermark)
+                .with_reserve(reserve);
+            let pool_tokens = blocks as u32 * BS;
+            (
+                Just(blocks),
+                Just(config),
+                prop::collection::vec(arrival(pool_tokens), 1..10),
+                prop_oneof![Just(0u64), any::<u64>().prop_map(|s| s & s >> 7 & s >> 13)],
+            )
+        })
+        .prop_map(|(blocks, config, arrivals, stops)| Workload {
+            blocks,
+            config,
+            arrivals,
+            stops,
+        })
+}
+
+/// Runs the workload until every accepted request finished; `None` for a
+/// request refused at submit. Fails if that takes more steps than a generous
+/// bound (a livelock).
+fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseError> {
+    let mut s = scheduler(w.blocks, w.config);
+    let work: u64 = w
+        .arrivals
+        .iter()
+        .map(|a| u64::from(a.prompt) + u64::from(a.max_new) + 1)
+        .sum();
+    let max_steps = 40 * work + 1000;
+    let mut accepted = vec![false; w.arrivals.len()];
+    let mut finished: HashMap<RequestId, Finished> = HashMap::new();
+    for step in 0..max_steps {
+        for (i, a) in w.arrivals.iter().enumerate() {
+            if u64::from(a.step) != step {
+                continue;
+            }
+            let prompt: Vec<u32> = (0..a.prompt)
+                .map(|t| {
+                    if t < 6 {
+                        a.family * 100 + t
+                    } else {
+                        1000 * i as u32 + t
+                    }
+                })
+                .collect();
+            let request = InferenceRequest::new(RequestId(i as u64), prompt, a.max_new)
+                .with_priority(a.priority);
+            match s.submit(request) {
+                Ok(()) => accepted[i] = true,
+                Err(rejected) => {
+                    prop_assert!(
+                        matches!(rejected.error(), QueueError::TooLarge { .. }),
+                        "unexpected outcome"
+                    );
+                }
+            }
+        }
+        let all_arrived = step
+            >= w.arrivals
+                .iter()
+                .map(|a| u64::from(a.step))
+                .max()
+                .unwrap_or(0);
+        if all_arrived && s.is_idle() {
+            let census = s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(census.finished + census.aborted, census.submitted);
+            return Ok((0..w.arrivals.len())
+                .map(|i| finished.get(&RequestId(i as u64)).copied())
+                .collect());
+        }
+        let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut out = outputs(&plan);
+        for (k, output) in out.iter_mut().enumerate() {
+            output.stop = output.token.is_some() && w.stops >> (k % 64) & 1 == 1;
+        }
+        let report = s
+            .apply(&out)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for done in plan.finished.into_iter().chain(report.finished) {
+            prop_assert!(finished.insert(done.id, done).is_none(), "{:?} twice", done);
+        }
+    }
+    Err(TestCaseError::fail(format!(
+        "livelock: not idle after {max_steps} steps: {:?}",
+        s.census()
+    )))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(192)))]
+
+    #[test]
+    fn fuzz_every_request_that_fits_finishes(w in workload()) {
+        let outcomes = run_to_completion(&w)?;
+        let pool_tokens = w.blocks as u64 * u64::from(BS);
+        for (a, outcome) in w.arrivals.iter().zip(outcomes) {
+            let fits = u64::from(a.prompt) + u64::from(a.max_new) <= pool_tokens;
+            match outcome {
+                Some(done) if fits => prop_assert!(
+                    matches!(done.reason, FinishReason::MaxTokens | FinishReason::Stop),
+                    "{a:?} fits the pool but ended {done:?}"
+                ),
+                Some(done) => prop_assert!(matches!(
+                    done.reason,
+                    FinishReason::MaxTokens | FinishReason::Stop | FinishReason::CapacityExceeded
+                )),
+                None => prop_assert!(!fits, "{a:?} fits the pool but was refused"),
+            }
+            if let Some(done) = outcome
+                && done.reason == FinishReason::MaxTokens
+            {
+                prop_assert_eq!(done.generated_tokens, a.max_new as usize);
+            }
+        }
+    }
+}
+
+/// A `Low` request submitted behind one `High` request, while another `High`
+/// request arrives every step (more than the pool can serve): the step at
+/// which the `Low` one finishes, if it does within `steps`.
+fn low_request_under_urgent_stream(aging: Aging, max_running: usize, steps: u64) -> Option<u64> {
+    let config = SchedulerConfig::default()
+        .with_max_running(max_running)
+        .with_reserve(GenerationReserve::Full)
+        .with_aging(aging);
+    // 8 blocks of 4 tokens; every request costs 3 (8 prompt + 4 generated).
+    let mut s = scheduler(8, config);
+    let urgent = |id: u64| {
+        let prompt: Vec<u32> = (0..8).map(|t| id as u32 * 10 + t).collect();
+        InferenceRequest::new(RequestId(id), prompt, 4).with_priority(Priority::High)
+    };
+    s.submit(urgent(1)).unwrap();
+    let low = InferenceRequest::new(RequestId(0), vec![9; 8], 4).with_priority(Priority::Low);
+    s.submit(low).unwrap();
+    for step in 0..steps {
+        s.submit(urgent(step + 2)).unwrap();
+        let plan = s.step().unwrap();
+        let report = s.apply(&outputs(&plan)).unwrap();
+        if let Some(done) = report.finished.iter().find(|f| f.id == RequestId(0)) {
+            assert_eq!(done.reason, FinishReason::MaxTokens);
+            return Some(step);
+        }
+    }
+    None
+}
+
+#[test]
+fn strict_priority_starves_a_low_request_under_an_urgent_stream() {
+    assert_eq!(low_request_under_urgent_stream(Aging::Strict, 2, 500), None);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(32)))]
+
+    /// `Aging::Window(w)`: a `Low` request is overtaken by at most `2w` later
+    /// `High` arrivals, each of which runs 5 steps (prefill and 4 decodes),
+    /// so it finishes within `5 (2w + 2) + 5` steps, however long the stream.
+    #[test]
+    fn fuzz_aging_bounds_how_long_a_low_request_waits(w in 0u64..24, max_running in 1usize..4) {
+        let bound = 5 * (2 * w + 2) + 5;
+        let finished = low_request_under_urgent_stream(Aging::Window(w), max_running, 10 * bound);
+        prop_assert!(
+            finished.is_some_and(|step| step <= bound),
+            "finished at {finished:?}, bound {bound}"
+        );
+    }
+}
