@@ -400,8 +400,11 @@ fn engine_outputs(plan: &StepPlan, stops: u32) -> Vec<EngineOutput> {
         .collect()
 }
 
-/// What a refused call must leave unchanged.
-fn snapshot(s: &Scheduler<Gpu>) -> (kvbm_queue::Census, Vec<(RequestId, Option<Vec<u32>>)>) {
+/// What a refused call must leave unchanged: the census and every running
+/// request's block table.
+type Snapshot = (kvbm_queue::Census, Vec<(RequestId, Option<Vec<u32>>)>);
+
+fn snapshot(s: &Scheduler<Gpu>) -> Snapshot {
     let mut running: Vec<_> = s.running_ids().collect();
     running.sort();
     let tables = running
