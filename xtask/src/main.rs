@@ -1,6 +1,7 @@
 //! `cargo xtask <gate>`: the project's one entry point for checks.
 //!
-//! `cargo xtask ci` runs every gate in order (all but `bench`); each gate is
+//! `cargo xtask ci` runs every gate in order (all but `bench` and `fuzz`,
+//! whose fuzzers the `test` gate runs at CI-sized case counts); each gate is
 //! also its own subcommand. Run `cargo xtask help` for the list.
 
 mod layers;
@@ -69,10 +70,12 @@ const LOOM_MAX_PREEMPTIONS: &str = "2";
 fn main() -> Result<()> {
     let args: Vec<String> = env::args().skip(1).collect();
     let keep_going = args.iter().any(|a| a == "--keep-going");
+    let cases = option_value(&args, "--cases")?;
     let task = args
         .iter()
-        .find(|a| !a.starts_with("--"))
-        .map(String::as_str);
+        .enumerate()
+        .find(|&(i, a)| !a.starts_with("--") && (i == 0 || args[i - 1] != "--cases"))
+        .map(|(_, a)| a.as_str());
 
     let sh = Shell::new()?;
     sh.change_dir(project_root());
@@ -83,6 +86,7 @@ fn main() -> Result<()> {
         }
         Some("ci") => ci(&sh, keep_going),
         Some("bench") => bench(&sh),
+        Some("fuzz") => fuzz(&sh, cases.unwrap_or(DEFAULT_FUZZ_CASES)),
         Some(name) => match GATES.iter().find(|gate| gate.name == name) {
             Some(gate) => (gate.run)(&sh),
             None => {
@@ -106,6 +110,25 @@ fn help() {
         "  {:<12} run the criterion benchmarks (not part of ci)",
         "bench"
     );
+    eprintln!(
+        "  {:<12} run every crate's API fuzzers and liveness properties long, in release \
+         (--cases N per test, default {DEFAULT_FUZZ_CASES}; ci runs them at CI-sized counts)",
+        "fuzz"
+    );
+}
+
+/// The value after `flag`, parsed, if the flag is given.
+fn option_value(args: &[String], flag: &str) -> Result<Option<u32>> {
+    let Some(at) = args.iter().position(|a| a == flag) else {
+        return Ok(None);
+    };
+    let value = args
+        .get(at + 1)
+        .with_context(|| format!("{flag} needs a value"))?;
+    let value = value
+        .parse()
+        .with_context(|| format!("{flag} {value}: not a case count"))?;
+    Ok(Some(value))
 }
 
 fn ci(sh: &Shell, keep_going: bool) -> Result<()> {
@@ -186,6 +209,38 @@ fn loom(sh: &Shell) -> Result<()> {
 fn bench_check(sh: &Shell) -> Result<()> {
     let cargo = cargo();
     cmd!(sh, "{cargo} test --benches -p kvbm-benches").run()?;
+    Ok(())
+}
+
+/// Cases per fuzz test in `cargo xtask fuzz` (each crate picks a smaller
+/// default for the test gate).
+const DEFAULT_FUZZ_CASES: u32 = 10_000;
+
+/// The crates whose `tests/it` binary holds `fuzz_*` tests.
+const FUZZED_CRATES: &[&str] = &[
+    "kvbm-blocks",
+    "kvbm-sequence",
+    "kvbm-schedule",
+    "kvbm-queue",
+    "kvbm-sim",
+];
+
+fn fuzz(sh: &Shell, cases: u32) -> Result<()> {
+    let cargo = cargo();
+    let cases = cases.to_string();
+    for krate in FUZZED_CRATES {
+        let started = Instant::now();
+        cmd!(
+            sh,
+            "{cargo} test --release -p {krate} --test it fuzz_ -- --test-threads 2"
+        )
+        .env("KVBM_FUZZ_CASES", &cases)
+        .run()?;
+        eprintln!(
+            "fuzzed {krate} at {cases} cases per test in {:.0?}",
+            started.elapsed()
+        );
+    }
     Ok(())
 }
 
