@@ -31,9 +31,20 @@ pub struct QueueStats {
 
 impl QueueStats {
     /// Whether the counters account for every request exactly once.
+    ///
+    /// Summed in `u128`, so counters set by hand to any value cannot overflow.
     pub fn is_balanced(&self) -> bool {
-        let entered = self.enqueued + self.restored;
-        let left = self.dequeued + self.selected + self.removed + self.cancelled + self.cleared;
-        u64::try_from(self.len).is_ok_and(|len| entered == left + len)
+        let entered = u128::from(self.enqueued) + u128::from(self.restored);
+        let left = [
+            self.dequeued,
+            self.selected,
+            self.removed,
+            self.cancelled,
+            self.cleared,
+        ]
+        .into_iter()
+        .map(u128::from)
+        .sum::<u128>();
+        entered == left + self.len as u128
     }
 }

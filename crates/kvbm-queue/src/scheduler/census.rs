@@ -32,9 +32,14 @@ pub struct Census {
 }
 
 impl Census {
-    /// Whether every submitted request is in exactly one place.
+    /// Whether every submitted request is in exactly one place (summed in
+    /// `u128`, so counters set by hand to any value cannot overflow).
     pub fn is_balanced(&self) -> bool {
-        self.submitted == self.waiting + self.running + self.finished + self.aborted
+        let placed = [self.waiting, self.running, self.finished, self.aborted]
+            .into_iter()
+            .map(u128::from)
+            .sum::<u128>();
+        u128::from(self.submitted) == placed
     }
 }
 

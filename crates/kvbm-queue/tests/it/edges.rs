@@ -254,3 +254,30 @@ fn cancels_from_other_threads_are_never_lost() {
     );
     assert_eq!(s.manager().audit().unwrap().in_use_blocks(), 0);
 }
+
+/// Defect 10. The conservation checks summed their counters in `u64`; any
+/// value a caller can put in these public fields must not overflow.
+#[test]
+fn conservation_checks_never_overflow() {
+    let mut census = kvbm_queue::Census::default();
+    census.submitted = u64::MAX;
+    census.waiting = u64::MAX;
+    census.running = u64::MAX;
+    assert!(!census.is_balanced());
+    census.running = 0;
+    assert!(census.is_balanced());
+    census.waiting = 1;
+    census.finished = u64::MAX - 1;
+    assert!(census.is_balanced());
+    census.aborted = 1;
+    assert!(!census.is_balanced());
+
+    let mut stats = kvbm_queue::QueueStats::default();
+    stats.enqueued = u64::MAX;
+    stats.restored = u64::MAX;
+    stats.dequeued = u64::MAX;
+    stats.selected = u64::MAX;
+    assert!(stats.is_balanced());
+    stats.len = usize::MAX;
+    assert!(!stats.is_balanced());
+}
