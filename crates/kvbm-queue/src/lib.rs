@@ -173,7 +173,7 @@ pub use layout::KvLayout;
 pub use queue::RequestQueue;
 pub use request::{Priority, Request};
 pub use scheduler::{
-    Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, PrefillWork,
-    RequestId, Scheduler, SchedulerConfig, StepPlan, StepReport, SubmitHandle,
+    Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, Preemption,
+    PrefillWork, RequestId, Scheduler, SchedulerConfig, StepPlan, StepReport, SubmitHandle,
 };
 pub use stats::QueueStats;

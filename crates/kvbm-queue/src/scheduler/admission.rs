@@ -4,16 +4,23 @@ use kvbm_schedule::{HistoryPolicy, SchedulableSequence, ScheduleError};
 use tracing::debug;
 
 use super::running::Running;
-use super::{FinishReason, InferenceRequest, Scheduler, StepPlan};
+use super::{FinishReason, InferenceRequest, Preemption, Scheduler, StepPlan};
 use crate::{Admitted, Request};
 
 impl<M> Scheduler<M> {
-    /// Admits waiting requests in queue order while slots, tokens and blocks allow.
+    /// Admits waiting requests in queue order while slots, tokens and blocks
+    /// allow; then, under [`Preemption::ByPriority`], the blocked head of the
+    /// queue by preempting less urgent running requests.
     pub(super) fn admit(&mut self, budget: &mut usize, plan: &mut StepPlan) {
-        let slots = self.config.max_running.saturating_sub(self.running.len());
-        if slots == 0 || *budget == 0 {
-            return;
+        let admitted_before = self.running.len();
+        self.admit_in_order(budget, plan);
+        if self.config.preemption == Preemption::ByPriority {
+            self.admit_by_priority(admitted_before, budget, plan);
         }
+    }
+
+    /// Blocks admission may hand out: the available ones above the watermark.
+    pub(super) fn admission_room(&self) -> u64 {
         // The watermark keeps room for running requests to grow into; with
         // none running it would only keep a large request waiting forever.
         let watermark = if self.running.is_empty() {
@@ -21,29 +28,29 @@ impl<M> Scheduler<M> {
         } else {
             self.config.watermark(self.manager.total_blocks())
         };
-        let blocks = self.manager.available_blocks().saturating_sub(watermark) as u64;
+        self.manager.available_blocks().saturating_sub(watermark) as u64
+    }
+
+    /// The slots left under `max_running`.
+    pub(super) fn free_slots(&self) -> usize {
+        self.config.max_running.saturating_sub(self.running.len())
+    }
+
+    fn admit_in_order(&mut self, budget: &mut usize, plan: &mut StepPlan) {
+        let slots = self.free_slots();
+        if slots == 0 || *budget == 0 {
+            return;
+        }
+        let blocks = self.admission_room();
         let mut candidates = self
             .queue
             .select_batch(slots, blocks)
             .split_off(0)
             .into_iter();
-        // The queue charged every candidate its prompt plus a generation
-        // reserve; a preempted one must recompute what it generated too.
         let mut room = blocks;
         while let Some(admitted) = candidates.next() {
-            let id = admitted.id();
-            let cost = match self.parked.get(&id).map(|seq| self.resume_blocks(seq)) {
-                None => admitted.blocks(),
-                Some(Some(cost)) => cost,
-                Some(None) => {
-                    // Preempted after outgrowing the whole pool: it can never
-                    // run again, and waiting would block the line behind it.
-                    let generated = self.parked.remove(&id).map_or(0, |s| s.generated_tokens());
-                    debug!(%id, "preempted request outgrew the block pool");
-                    plan.finished
-                        .push(self.exit(id, FinishReason::CapacityExceeded, generated));
-                    continue;
-                }
+            let Some(cost) = self.admission_cost(&admitted, plan) else {
+                continue;
             };
             if *budget == 0 || cost > room {
                 // Head of line: it and everyone behind it keep their places,
@@ -55,45 +62,84 @@ impl<M> Scheduler<M> {
                 break;
             }
             room -= cost;
-            let mut seq = match self.resume_or_start(&admitted) {
-                Ok(seq) => seq,
-                Err(err) => {
-                    debug!(%id, %err, "request cannot start");
-                    plan.finished.push(self.exit(id, FinishReason::Aborted, 0));
-                    continue;
+            if !self.start(admitted, budget, plan) {
+                // Head of line again: everyone behind it keeps their place.
+                for admitted in candidates.by_ref() {
+                    self.requeue(admitted, None);
                 }
-            };
-            let prompt = seq.total_tokens() as u64;
-            let hits = seq.kv_position() as u64;
-            match Running::schedule_seq(&mut seq, &self.manager, *budget, self.config.chunk_size) {
-                Ok(Some(work)) => {
-                    *budget -= work.tokens();
-                    self.counters.prompt_tokens += prompt;
-                    self.counters.prefix_hit_tokens += hits;
-                    let mut running = Running::new(admitted, seq, self.next_admission);
-                    self.next_admission += 1;
-                    running.push_work(work, plan);
-                    self.running.push(running);
-                }
-                Err(ScheduleError::AllocationFailed { .. }) => {
-                    // Its first chunk does not fit: back to its place, and so
-                    // is everyone behind it (head of line).
-                    let _ = seq.release();
-                    self.requeue(admitted, Some(seq));
-                    for admitted in candidates.by_ref() {
-                        self.requeue(admitted, None);
-                    }
-                }
-                Ok(None) | Err(_) => {
-                    // Cannot run at all (unreachable for prompts `submit`
-                    // accepts); never requeue what would block the line.
-                    debug!(%id, "request cannot be scheduled");
-                    plan.finished.push(self.exit(
-                        id,
-                        FinishReason::Aborted,
-                        seq.generated_tokens(),
-                    ));
-                }
+            }
+        }
+    }
+
+    /// The blocks a candidate is charged: the queue's estimate (prompt plus a
+    /// generation reserve) for a new request; for a preempted one, what it
+    /// must recompute too. `None` if it was finished instead (a preempted
+    /// request that outgrew the whole pool).
+    pub(super) fn admission_cost(
+        &mut self,
+        admitted: &Admitted<InferenceRequest>,
+        plan: &mut StepPlan,
+    ) -> Option<u64> {
+        let id = admitted.id();
+        match self.parked.get(&id).map(|seq| self.resume_blocks(seq)) {
+            None => Some(admitted.blocks()),
+            Some(Some(cost)) => Some(cost),
+            Some(None) => {
+                // Preempted after outgrowing the whole pool: it can never
+                // run again, and waiting would block the line behind it.
+                let generated = self.parked.remove(&id).map_or(0, |s| s.generated_tokens());
+                debug!(%id, "preempted request outgrew the block pool");
+                plan.finished
+                    .push(self.exit(id, FinishReason::CapacityExceeded, generated));
+                None
+            }
+        }
+    }
+
+    /// Starts (or resumes) a candidate and schedules its first chunk; `false`
+    /// if that chunk could not be allocated, in which case the candidate is
+    /// back at its queue place.
+    pub(super) fn start(
+        &mut self,
+        admitted: Admitted<InferenceRequest>,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) -> bool {
+        let id = admitted.id();
+        let mut seq = match self.resume_or_start(&admitted) {
+            Ok(seq) => seq,
+            Err(err) => {
+                debug!(%id, %err, "request cannot start");
+                plan.finished.push(self.exit(id, FinishReason::Aborted, 0));
+                return true;
+            }
+        };
+        let prompt = seq.total_tokens() as u64;
+        let hits = seq.kv_position() as u64;
+        match Running::schedule_seq(&mut seq, &self.manager, *budget, self.config.chunk_size) {
+            Ok(Some(work)) => {
+                *budget -= work.tokens();
+                self.counters.prompt_tokens += prompt;
+                self.counters.prefix_hit_tokens += hits;
+                let mut running = Running::new(admitted, seq, self.next_admission);
+                self.next_admission += 1;
+                running.push_work(work, plan);
+                self.running.push(running);
+                true
+            }
+            Err(ScheduleError::AllocationFailed { .. }) => {
+                // Its first chunk does not fit: back to its place.
+                let _ = seq.release();
+                self.requeue(admitted, Some(seq));
+                false
+            }
+            Ok(None) | Err(_) => {
+                // Cannot run at all (unreachable for prompts `submit`
+                // accepts); never requeue what would block the line.
+                debug!(%id, "request cannot be scheduled");
+                plan.finished
+                    .push(self.exit(id, FinishReason::Aborted, seq.generated_tokens()));
+                true
             }
         }
     }
@@ -103,7 +149,7 @@ impl<M> Scheduler<M> {
     /// may still generate, capped at the whole pool, so that it is admitted
     /// once the pool is free rather than waiting at the head of the line
     /// forever; `None` if its current length alone exceeds the pool.
-    fn resume_blocks(&self, seq: &SchedulableSequence<M>) -> Option<u64> {
+    pub(super) fn resume_blocks(&self, seq: &SchedulableSequence<M>) -> Option<u64> {
         let pool = self.manager.total_blocks() as u64;
         let block_size = self.manager.block_size() as u64;
         if (seq.total_tokens() as u64).div_ceil(block_size) > pool {

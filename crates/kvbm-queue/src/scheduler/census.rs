@@ -24,6 +24,9 @@ pub struct Census {
     pub aborted: u64,
     /// Preemptions so far (a request may be preempted more than once).
     pub preemptions: u64,
+    /// Of those, preemptions by admission for a more urgent waiting request
+    /// ([`Preemption::ByPriority`](crate::Preemption::ByPriority)).
+    pub priority_preemptions: u64,
     /// Tokens of the sequences admitted, counting every admission: the prompt
     /// for a new request, prompt plus generated tokens for a resumption.
     pub prompt_tokens: u64,
@@ -57,6 +60,7 @@ impl<M> Scheduler<M> {
                 + queue.removed
                 + queue.cancelled,
             preemptions: self.counters.preemptions,
+            priority_preemptions: self.counters.priority_preemptions,
             prompt_tokens: self.counters.prompt_tokens,
             prefix_hit_tokens: self.counters.prefix_hit_tokens,
         }

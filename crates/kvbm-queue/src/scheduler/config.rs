@@ -27,6 +27,27 @@ pub struct SchedulerConfig {
     /// starve less urgent ones; [`Aging::Window`] bounds how many later
     /// arrivals may overtake a request, so every request is admitted.
     pub aging: Aging,
+    /// Whether admission may preempt running requests for a more urgent
+    /// waiting one (running requests that run out of blocks preempt the least
+    /// important running request either way).
+    pub preemption: Preemption,
+}
+
+/// What admission may do when the most urgent waiting request does not fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Preemption {
+    /// Wait until running requests finish (vLLM's first-come-first-served
+    /// policy).
+    #[default]
+    Never,
+    /// Preempt running requests strictly less urgent than the waiting one,
+    /// least urgent first (lowest priority, then latest arrival: vLLM's
+    /// priority policy), when that frees enough blocks to admit it. A request
+    /// is never preempted for an equally or less urgent one, nor for one that
+    /// would still not fit; requests admitted in the same step are not
+    /// preempted.
+    ByPriority,
 }
 
 impl Default for SchedulerConfig {
@@ -39,6 +60,7 @@ impl Default for SchedulerConfig {
             reserve: GenerationReserve::default(),
             selection: Selection::HeadOfLine,
             aging: Aging::Strict,
+            preemption: Preemption::Never,
         }
     }
 }
@@ -83,6 +105,12 @@ impl SchedulerConfig {
     /// Sets [`aging`](Self::aging).
     pub fn with_aging(mut self, aging: Aging) -> Self {
         self.aging = aging;
+        self
+    }
+
+    /// Sets [`preemption`](Self::preemption).
+    pub fn with_preemption(mut self, preemption: Preemption) -> Self {
+        self.preemption = preemption;
         self
     }
 

@@ -19,7 +19,7 @@ use kvbm_blocks::{BlockId, BlockManager};
 use kvbm_schedule::SchedulableSequence;
 
 pub use self::census::Census;
-pub use self::config::SchedulerConfig;
+pub use self::config::{Preemption, SchedulerConfig};
 use self::live::LiveIds;
 pub use self::live::SubmitHandle;
 pub use self::plan::{DecodeWork, EngineOutput, Finished, PrefillWork, StepPlan, StepReport};
@@ -95,6 +95,7 @@ struct Counters {
     /// Requests lost because the queue refused to take them back (closed).
     dropped_on_restore: u64,
     preemptions: u64,
+    priority_preemptions: u64,
     prefix_hit_tokens: u64,
     prompt_tokens: u64,
 }

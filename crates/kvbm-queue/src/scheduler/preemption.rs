@@ -1,5 +1,7 @@
 //! Preemption: a running request gives its blocks back and waits again at its queue place.
 
+use std::cmp::Reverse;
+
 use kvbm_schedule::SchedulableSequence;
 use tracing::debug;
 
@@ -43,5 +45,95 @@ impl<M> Scheduler<M> {
                 self.live.retire(id);
             }
         }
+    }
+
+    /// Admits the head of the queue, which did not fit, by preempting
+    /// running requests strictly less urgent than it (lowest priority, then
+    /// latest arrival, first), as long as that frees enough blocks; repeats
+    /// while slots and tokens allow. Requests at `admitted_before..` were
+    /// admitted this step and are never victims.
+    pub(super) fn admit_by_priority(
+        &mut self,
+        admitted_before: usize,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) {
+        let mut eligible = admitted_before;
+        while self.free_slots() > 0 && *budget > 0 {
+            let Some(head) = self.queue.select_batch(1, u64::MAX).split_off(0).pop() else {
+                return;
+            };
+            let Some(cost) = self.admission_cost(&head, plan) else {
+                continue;
+            };
+            let room = self.admission_room();
+            let victims = self.victims_for(head.priority(), &self.running[..eligible], cost, room);
+            if cost <= room || victims.is_empty() {
+                // It fits but did not start (tokens ran out or its chunk
+                // could not be allocated), or preempting cannot make it fit.
+                self.requeue(head, None);
+                return;
+            }
+            // Highest index first, so the indices left stay valid.
+            for index in victims {
+                self.preempt_scheduled(index, budget, plan);
+                self.counters.priority_preemptions += 1;
+                eligible -= 1;
+            }
+            debug!(id = %head.id(), "admitted by priority preemption");
+            if !self.start(head, budget, plan) {
+                return;
+            }
+        }
+    }
+
+    /// The indices (into `running`, descending) of the least urgent requests
+    /// strictly less urgent than `priority` whose blocks, with `room`, cover
+    /// `cost`; empty if all of them together would not.
+    fn victims_for(
+        &self,
+        priority: crate::Priority,
+        running: &[Running<M>],
+        cost: u64,
+        room: u64,
+    ) -> Vec<usize> {
+        let mut candidates: Vec<usize> = (0..running.len())
+            .filter(|&i| running[i].priority() < priority)
+            .collect();
+        candidates.sort_by_key(|&i| (running[i].priority(), Reverse(running[i].admitted.seq())));
+        let mut freed = room;
+        let mut victims = Vec::new();
+        for i in candidates {
+            if freed >= cost {
+                break;
+            }
+            // An upper bound: blocks it shares with other running requests
+            // stay in use; the shortfall then shows at allocation, which
+            // puts the head back at its place.
+            freed = freed.saturating_add(running[i].seq.held_blocks() as u64);
+            victims.push(i);
+        }
+        if freed < cost {
+            return Vec::new();
+        }
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        victims
+    }
+
+    /// Preempts `running[index]`, first taking back the work planned for it
+    /// this step (its plan entry, its tokens and the blocks that work
+    /// allocated).
+    fn preempt_scheduled(&mut self, index: usize, budget: &mut usize, plan: &mut StepPlan) {
+        let running = &mut self.running[index];
+        if let Some(work) = running.work.take() {
+            let id = running.id();
+            // Unapplied work always reverts; if it ever did not, releasing
+            // the sequence below still returns every block.
+            let _ = running.seq.revert_schedule();
+            *budget += work.tokens();
+            plan.prefill.retain(|p| p.id != id);
+            plan.decode.retain(|d| d.id != id);
+        }
+        self.preempt(index, plan);
     }
 }

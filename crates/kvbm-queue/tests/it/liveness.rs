@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use kvbm_queue::{
-    Aging, FinishReason, Finished, GenerationReserve, InferenceRequest, Priority, QueueError,
-    RequestId, SchedulerConfig,
+    Aging, FinishReason, Finished, GenerationReserve, InferenceRequest, Preemption, Priority,
+    QueueError, RequestId, SchedulerConfig,
 };
 use proptest::prelude::*;
 
@@ -66,29 +66,27 @@ fn workload() -> impl Strategy<Value = Workload> {
         Just(GenerationReserve::Full),
         (0u32..24).prop_map(GenerationReserve::Capped)
     ];
-    (
-        2usize..16,
-        1usize..6,
-        1usize..40,
-        1usize..40,
-        0usize..3,
-        reserve,
-    )
-        .prop_flat_map(|(blocks, max_running, budget, chunk, watermark, reserve)| {
-            let config = SchedulerConfig::default()
-                .with_max_running(max_running)
-                .with_token_budget(budget)
-                .with_chunk_size(chunk)
-                .with_watermark_blocks(watermark)
-                .with_reserve(reserve);
-            let pool_tokens = blocks as u32 * BS;
-            (
-                Just(blocks),
-                Just(config),
-                prop::collection::vec(arrival(pool_tokens), 1..10),
-                prop_oneof![Just(0u64), any::<u64>().prop_map(|s| s & s >> 7 & s >> 13)],
-            )
-        })
+    let preemption = prop_oneof![Just(Preemption::Never), Just(Preemption::ByPriority)];
+    let limits = (1usize..6, 1usize..40, 1usize..40, 0usize..3);
+    (2usize..16, limits, reserve, preemption)
+        .prop_flat_map(
+            |(blocks, (max_running, budget, chunk, watermark), reserve, preemption)| {
+                let config = SchedulerConfig::default()
+                    .with_max_running(max_running)
+                    .with_token_budget(budget)
+                    .with_chunk_size(chunk)
+                    .with_watermark_blocks(watermark)
+                    .with_reserve(reserve)
+                    .with_preemption(preemption);
+                let pool_tokens = blocks as u32 * BS;
+                (
+                    Just(blocks),
+                    Just(config),
+                    prop::collection::vec(arrival(pool_tokens), 1..10),
+                    prop_oneof![Just(0u64), any::<u64>().prop_map(|s| s & s >> 7 & s >> 13)],
+                )
+            },
+        )
         .prop_map(|(blocks, config, arrivals, stops)| Workload {
             blocks,
             config,
@@ -99,7 +97,8 @@ fn workload() -> impl Strategy<Value = Workload> {
 
 /// Runs the workload until every accepted request finished; `None` for a
 /// request refused at submit. Fails if that takes more steps than a generous
-/// bound (a livelock).
+/// bound (a livelock), or if admission ever preempts a request for one that
+/// is not strictly more urgent.
 fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseError> {
     let mut s = scheduler(w.blocks, w.config);
     let work: u64 = w
@@ -149,7 +148,25 @@ fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseErro
                 .map(|i| finished.get(&RequestId(i as u64)).copied())
                 .collect());
         }
+        let running_before: Vec<RequestId> = s.running_ids().collect();
+        let by_priority_before = s.census().priority_preemptions;
         let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if s.census().priority_preemptions > by_priority_before {
+            let priority = |id: RequestId| w.arrivals[id.0 as usize].priority;
+            let admitted = plan
+                .prefill
+                .iter()
+                .map(|p| p.id)
+                .filter(|id| !running_before.contains(id));
+            let most_urgent = admitted.map(priority).max();
+            for &victim in &plan.preempted {
+                prop_assert!(
+                    most_urgent.is_some_and(|urgent| priority(victim) < urgent),
+                    "{victim} ({:?}) preempted for {most_urgent:?}",
+                    priority(victim)
+                );
+            }
+        }
         let mut out = outputs(&plan);
         for (k, output) in out.iter_mut().enumerate() {
             output.stop = output.token.is_some() && w.stops >> (k % 64) & 1 == 1;

@@ -13,6 +13,8 @@ mod fuzz;
 mod liveness;
 mod model;
 #[cfg(not(kvbm_loom))]
+mod priority;
+#[cfg(not(kvbm_loom))]
 mod scheduler;
 #[cfg(not(kvbm_loom))]
 mod scheduler_model;
