@@ -10,9 +10,9 @@
 use std::collections::HashSet;
 
 use kvbm_queue::{
-    Aging, EngineOutput, GenerationReserve, InferenceRequest, KvLayout, Priority, QueueConfig,
-    QueueError, Request, RequestId, RequestQueue, Scheduler, SchedulerConfig, SchedulerError,
-    Selection, StepPlan, Ticket,
+    Aging, EngineOutput, GenerationReserve, InferenceRequest, KvLayout, Preemption, Priority,
+    QueueConfig, QueueError, Request, RequestId, RequestQueue, Scheduler, SchedulerConfig,
+    SchedulerError, Selection, StepPlan, Ticket,
 };
 use kvbm_sequence::Salt;
 use proptest::prelude::*;
@@ -360,28 +360,27 @@ fn sched_config() -> impl Strategy<Value = (usize, usize, SchedulerConfig)> {
         (0usize..8).prop_map(Some),
         Just(Some(usize::MAX))
     ];
-    (
-        block_size,
-        blocks,
-        limit(),
-        limit(),
-        limit(),
-        watermark,
+    let policies = (
         reserve,
+        watermark,
+        prop_oneof![Just(Preemption::Never), Just(Preemption::ByPriority)],
+        prop_oneof![Just(Aging::Strict), extreme_u64().prop_map(Aging::Window)],
+    );
+    (block_size, blocks, (limit(), limit(), limit()), policies).prop_map(
+        |(bs, blocks, (max_running, budget, chunk), (reserve, watermark, preemption, aging))| {
+            let mut config = SchedulerConfig::default()
+                .with_max_running(max_running)
+                .with_token_budget(budget)
+                .with_chunk_size(chunk)
+                .with_reserve(reserve)
+                .with_preemption(preemption)
+                .with_aging(aging);
+            if let Some(watermark) = watermark {
+                config = config.with_watermark_blocks(watermark);
+            }
+            (bs, blocks, config)
+        },
     )
-        .prop_map(
-            |(bs, blocks, max_running, budget, chunk, watermark, reserve)| {
-                let mut config = SchedulerConfig::default()
-                    .with_max_running(max_running)
-                    .with_token_budget(budget)
-                    .with_chunk_size(chunk)
-                    .with_reserve(reserve);
-                if let Some(watermark) = watermark {
-                    config = config.with_watermark_blocks(watermark);
-                }
-                (bs, blocks, config)
-            },
-        )
 }
 
 /// Outputs that match `plan`; the `k`th sampled token stops if bit `k` of
