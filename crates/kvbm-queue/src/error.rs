@@ -157,9 +157,17 @@ pub enum SchedulerError {
         /// The pending step.
         step: u64,
     },
-    /// `apply` was called with no plan pending.
+    /// `apply` (or a pending-step lookup) was called with no plan pending.
     #[error("no step is pending")]
     NoStepPending,
+    /// A lookup was handed the plan of another step than the pending one.
+    #[error("plan of step {plan}, but step {pending} is pending")]
+    StalePlan {
+        /// The step of the plan handed in.
+        plan: u64,
+        /// The pending step.
+        pending: u64,
+    },
     /// A planned request got no output.
     #[error("no engine output for planned request {id}")]
     MissingOutput {

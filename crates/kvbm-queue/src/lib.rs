@@ -173,7 +173,8 @@ pub use layout::KvLayout;
 pub use queue::RequestQueue;
 pub use request::{Priority, Request};
 pub use scheduler::{
-    Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, Preemption,
-    PrefillWork, RequestId, Scheduler, SchedulerConfig, StepPlan, StepReport, SubmitHandle,
+    Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, PAD_SLOT,
+    Preemption, PrefillWork, RequestId, Scheduler, SchedulerConfig, StepPlan, StepReport,
+    SubmitHandle,
 };
 pub use stats::QueueStats;

@@ -43,8 +43,9 @@ impl<M> Scheduler<M> {
     /// Takes `id` out of the running set, the waiting queue or the parked
     /// sequences, releases what it holds and retires its id.
     fn take_out(&mut self, id: RequestId, reason: FinishReason) -> Option<Finished> {
-        if let Some(index) = self.running.iter().position(|r| r.id() == id) {
+        if let Some(index) = self.position(id) {
             let mut running = self.running.swap_remove(index);
+            self.reindex();
             if running.work.take().is_some() {
                 // Only unapplied work can be pending, so reverting succeeds;
                 // if it ever did not, dropping the sequence still returns

@@ -64,6 +64,7 @@ impl<M> Scheduler<M> {
         }
         // Requests cancelled while the engine ran end now, after their
         // computed work is committed (what they registered stays cached).
+        self.reindex();
         self.end_cancelled(&mut report.finished);
         debug!(step, finished = report.finished.len(), "step applied");
         Ok(report)

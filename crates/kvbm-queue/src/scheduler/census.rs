@@ -112,6 +112,11 @@ impl<M> Scheduler<M> {
             return fail(format!("parked {id} is not live"));
         }
         drop(live);
+        if self.positions.len() != self.running.len()
+            || (self.running.iter().enumerate()).any(|(i, r)| self.position(r.id()) != Some(i))
+        {
+            return fail("the position index disagrees with the running set".to_owned());
+        }
         let mut held = HashSet::new();
         for running in &self.running {
             if self.queue.contains(running.id()) {

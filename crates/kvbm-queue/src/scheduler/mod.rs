@@ -6,6 +6,7 @@ mod apply;
 mod census;
 mod config;
 mod live;
+mod lookups;
 mod plan;
 mod preemption;
 mod request;
@@ -22,6 +23,7 @@ pub use self::census::Census;
 pub use self::config::{Preemption, SchedulerConfig};
 use self::live::LiveIds;
 pub use self::live::SubmitHandle;
+pub use self::lookups::PAD_SLOT;
 pub use self::plan::{DecodeWork, EngineOutput, Finished, PrefillWork, StepPlan, StepReport};
 pub use self::request::{FinishReason, InferenceRequest, RequestId};
 use self::running::Running;
@@ -65,6 +67,9 @@ pub struct Scheduler<M> {
     config: SchedulerConfig,
     /// Admitted requests holding blocks, in no particular order between steps.
     running: Vec<Running<M>>,
+    /// Where each running request is in `running`, for O(1) lookups by id;
+    /// rebuilt whenever a public call changed `running`.
+    positions: Positions,
     /// Sequences of preempted requests, waiting in the queue to resume.
     parked: HashMap<RequestId, SchedulableSequence<M>>,
     /// The planned step awaiting `apply`, and requests aborted meanwhile.
@@ -75,6 +80,10 @@ pub struct Scheduler<M> {
     /// Reused by `apply` so committing a step allocates nothing per request.
     scratch: Vec<BlockId>,
 }
+
+/// Index of each running request in `Scheduler::running` (a fast hasher:
+/// ids are the caller's but only looked up, never iterated in order).
+type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
 type OutputsById = HashMap<RequestId, EngineOutput, foldhash::fast::RandomState>;
@@ -130,6 +139,7 @@ impl<M> Scheduler<M> {
             live: LiveIds::default(),
             config,
             running: Vec::new(),
+            positions: Positions::default(),
             parked: HashMap::new(),
             pending: None,
             next_step: 0,
@@ -168,23 +178,6 @@ impl<M> Scheduler<M> {
     /// scheduler busy until the next step reports it).
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.live.state().live.is_empty()
-    }
-
-    /// The ids of the running requests.
-    pub fn running_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
-        self.running.iter().map(Running::id)
-    }
-
-    /// The full block table of a running request (its page indices in order).
-    pub fn block_table(&self, id: RequestId) -> Option<Vec<BlockId>> {
-        let running = self.running.iter().find(|r| r.id() == id)?;
-        Some(running.seq.block_ids().collect())
-    }
-
-    /// Tokens of a running request so far (prompt and generated).
-    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
-        let running = self.running.iter().find(|r| r.id() == id)?;
-        Some(running.seq.tokens())
     }
 
     /// A running (or just admitted) request leaves: counted as finished or

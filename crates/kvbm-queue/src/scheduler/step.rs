@@ -30,6 +30,7 @@ impl<M> Scheduler<M> {
             self.admit(&mut budget, &mut plan);
         }
         self.next_step += 1;
+        self.reindex();
         self.pending = Some(PendingStep {
             step: plan.step,
             aborted: HashSet::new(),

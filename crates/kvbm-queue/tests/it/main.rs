@@ -10,6 +10,8 @@ mod edges;
 #[cfg(not(kvbm_loom))]
 mod fuzz;
 #[cfg(not(kvbm_loom))]
+mod kernels;
+#[cfg(not(kvbm_loom))]
 mod liveness;
 mod model;
 #[cfg(not(kvbm_loom))]

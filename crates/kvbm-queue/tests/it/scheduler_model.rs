@@ -124,6 +124,21 @@ fn check(
             prop_assert_eq!(engine.tables.get(&id), Some(&table), "{} table drifted", id);
         }
         prop_assert!(plan.num_tokens() <= s.config().token_budget);
+        // The slot mapping agrees with the tables the engine rebuilt.
+        let ranges = plan.prefill.iter().map(|p| (p.id, p.start, p.num_tokens));
+        let decodes = plan.decode.iter().map(|d| (d.id, d.position, 1));
+        let mut expected = Vec::new();
+        for (id, start, tokens) in ranges.chain(decodes) {
+            let table = &engine.tables[&id];
+            expected.extend(
+                (start..start + tokens)
+                    .map(|pos| u64::from(table[pos / BS].get()) * BS as u64 + (pos % BS) as u64),
+            );
+        }
+        let mut slots = Vec::new();
+        s.slot_mapping(plan, &mut slots)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(slots, expected);
     }
     Ok(())
 }

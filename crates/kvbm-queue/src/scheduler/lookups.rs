@@ -1,0 +1,122 @@
+//! Lookups by request id, O(1) through the position index, and what an
+//! engine's attention kernels need for the pending step: block tables and
+//! slot mappings.
+
+use kvbm_blocks::BlockId;
+
+use super::running::Running;
+use super::{RequestId, Scheduler, SchedulerError, StepPlan};
+
+/// The slot written for a planned token whose request left after planning
+/// (aborted or cancelled mid-step): vLLM's `PAD_SLOT_ID` (-1) as unsigned.
+pub const PAD_SLOT: u64 = u64::MAX;
+
+impl<M> Scheduler<M> {
+    /// Rebuilds the position index after `running` changed.
+    pub(super) fn reindex(&mut self) {
+        self.positions.clear();
+        for (index, running) in self.running.iter().enumerate() {
+            self.positions.insert(running.id(), index);
+        }
+    }
+
+    /// Where `id` is in `running`. The index is checked against the entry,
+    /// so a stale index can only miss, never name another request.
+    pub(super) fn position(&self, id: RequestId) -> Option<usize> {
+        let &index = self.positions.get(&id)?;
+        (self.running.get(index)?.id() == id).then_some(index)
+    }
+
+    fn find(&self, id: RequestId) -> Option<&Running<M>> {
+        self.running.get(self.position(id)?)
+    }
+
+    /// The ids of the running requests.
+    pub fn running_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.running.iter().map(Running::id)
+    }
+
+    /// Whether `id` is running (admitted and holding blocks).
+    pub fn is_running(&self, id: RequestId) -> bool {
+        self.find(id).is_some()
+    }
+
+    /// The full block table of a running request (its page indices in order).
+    pub fn block_table(&self, id: RequestId) -> Option<Vec<BlockId>> {
+        Some(self.find(id)?.seq.block_ids().collect())
+    }
+
+    /// Tokens of a running request so far (prompt and generated).
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        Some(self.find(id)?.seq.tokens())
+    }
+
+    /// Appends the KV slots (`block id × block size + offset in block`) of the
+    /// tokens `id` computes in the pending step, in position order, and
+    /// returns how many; `None` if it is not running or has no work this
+    /// step.
+    pub fn request_slots(&self, id: RequestId, out: &mut Vec<u64>) -> Option<usize> {
+        let running = self.find(id)?;
+        let tokens = running.work?.tokens();
+        self.push_slots(running, tokens, out);
+        Some(tokens)
+    }
+
+    /// The flat slot mapping of the pending step (vLLM's `slot_mapping`):
+    /// the KV slot of every token `plan` computes, in the plan's order
+    /// (prefill entries, then decodes), written to `out` (cleared first).
+    /// Tokens of a request that left after planning get [`PAD_SLOT`].
+    ///
+    /// O(tokens + blocks touched), with no allocation once `out` is large
+    /// enough.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::NoStepPending`] if no step awaits `apply`, and
+    /// [`SchedulerError::StalePlan`] if `plan` is not the pending step's.
+    pub fn slot_mapping(&self, plan: &StepPlan, out: &mut Vec<u64>) -> Result<(), SchedulerError> {
+        let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
+        if plan.step != pending.step {
+            return Err(SchedulerError::StalePlan {
+                plan: plan.step,
+                pending: pending.step,
+            });
+        }
+        out.clear();
+        let prefill = plan.prefill.iter().map(|p| (p.id, p.num_tokens));
+        let decode = plan.decode.iter().map(|d| (d.id, 1));
+        for (id, tokens) in prefill.chain(decode) {
+            match self.find(id).filter(|running| running.work.is_some()) {
+                Some(running) => self.push_slots(running, tokens, out),
+                None => out.extend(std::iter::repeat_n(PAD_SLOT, tokens)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the slots of positions `kv_position .. kv_position + tokens`.
+    fn push_slots(&self, running: &Running<M>, tokens: usize, out: &mut Vec<u64>) {
+        let block_size = self.manager.block_size();
+        let start = running.seq.kv_position();
+        let end = start.saturating_add(tokens);
+        let mut position = start;
+        // Scheduled work always has its blocks allocated; a table shorter
+        // than the work (never expected) pads instead of panicking.
+        let mut pages = running.seq.block_ids().skip(start / block_size);
+        while position < end {
+            let page_end = (position / block_size + 1)
+                .saturating_mul(block_size)
+                .min(end);
+            let Some(block) = pages.next() else {
+                out.extend(std::iter::repeat_n(PAD_SLOT, end - position));
+                return;
+            };
+            let base = u64::from(block.get()).saturating_mul(block_size as u64);
+            out.extend(
+                (position % block_size..(page_end - 1) % block_size + 1)
+                    .map(|offset| base.saturating_add(offset as u64)),
+            );
+            position = page_end;
+        }
+    }
+}
