@@ -34,8 +34,13 @@ impl<M> SchedulableSequence<M> {
         self.check_manager(manager)?;
         let num_tokens = num_draft_tokens.min(self.inner.remaining_tokens());
         let kv_position = self.kv_position;
-        let blocks_allocated =
-            self.allocate_to_cover(self.inner.total_tokens() + num_tokens, manager)?;
+        // Saturating: with `max_output_tokens` near `usize::MAX` the sum can
+        // overflow, and a saturated count can never be allocated, so it is
+        // refused as `AllocationFailed` with nothing changed.
+        let blocks_allocated = self.allocate_to_cover(
+            self.inner.total_tokens().saturating_add(num_tokens),
+            manager,
+        )?;
         self.state = SequenceState::SpeculativeScheduled {
             num_tokens,
             blocks_allocated,

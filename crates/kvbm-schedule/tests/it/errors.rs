@@ -506,3 +506,23 @@ fn accepted_exceeds_scheduled_refuses_more_tokens_than_drafts_even_after_clampin
     );
     assert!(seq.apply_speculative(&[1, 2], &m).unwrap().is_max_length());
 }
+
+/// Issue 11, defect 5: with an output budget near `usize::MAX`, the slots of
+/// `usize::MAX` drafts used to overflow `total + drafts` (a panic in debug, a
+/// wrapped, tiny allocation in release). Now it is a refused allocation.
+#[test]
+fn speculative_drafts_near_usize_max_are_refused_not_overflowed() {
+    let manager = manager(16);
+    let mut seq = prefilled(5, usize::MAX, &manager);
+    for drafts in [usize::MAX, usize::MAX - 5, usize::MAX / 2] {
+        let error = refused(&mut seq, &manager, |seq| {
+            seq.schedule_speculative(drafts, &manager)
+        });
+        assert!(
+            matches!(error, ScheduleError::AllocationFailed { .. }),
+            "{error:?}"
+        );
+    }
+    seq.schedule_speculative(3, &manager).unwrap();
+    audit(&manager);
+}
