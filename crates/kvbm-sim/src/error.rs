@@ -51,6 +51,16 @@ pub enum SimError {
         /// How many hash ids the request lists.
         blocks: usize,
     },
+    /// A request asks to generate more tokens than any request can
+    /// (`max_new_tokens` is a `u32`).
+    #[error("trace line {line}: output_length {output_length} exceeds the maximum of 4294967295")]
+    OutputTooLong {
+        /// 1-based line number in the trace (for in-memory traces, the
+        /// request's 1-based index).
+        line: usize,
+        /// The request's `output_length` as written.
+        output_length: u64,
+    },
     /// The trace has no requests.
     #[error("the trace has no requests")]
     EmptyTrace,

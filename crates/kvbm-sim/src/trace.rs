@@ -38,7 +38,16 @@ pub struct TraceRequest {
 impl TraceRequest {
     /// Checks that `hash_ids` cover `input_length` in 512-token blocks, the
     /// last one possibly partial (no ids for an empty prompt).
+    ///
+    /// Also refuses an `output_length` beyond `u32::MAX`, the most tokens
+    /// a request can ask to generate (`max_new_tokens` is a `u32`).
     fn check(&self, line: usize) -> Result<(), SimError> {
+        if u32::try_from(self.output_length).is_err() {
+            return Err(SimError::OutputTooLong {
+                line,
+                output_length: self.output_length,
+            });
+        }
         let blocks = self.hash_ids.len() as u64;
         let block = TRACE_BLOCK_TOKENS as u64;
         let fits = match blocks {
@@ -73,7 +82,8 @@ impl Trace {
     ///
     /// [`SimError::EmptyTrace`] for no requests, or
     /// [`SimError::InconsistentRequest`] (with the request's 1-based index as
-    /// its line) when `hash_ids` do not cover `input_length`.
+    /// its line) when `hash_ids` do not cover `input_length`, or
+    /// [`SimError::OutputTooLong`] for an `output_length` beyond `u32::MAX`.
     pub fn from_requests(requests: Vec<TraceRequest>) -> Result<Self, SimError> {
         if requests.is_empty() {
             return Err(SimError::EmptyTrace);
@@ -88,8 +98,9 @@ impl Trace {
     ///
     /// # Errors
     ///
-    /// [`SimError::MalformedLine`] or [`SimError::InconsistentRequest`] with
-    /// the 1-based line number, or [`SimError::EmptyTrace`].
+    /// [`SimError::MalformedLine`], [`SimError::InconsistentRequest`] or
+    /// [`SimError::OutputTooLong`] with the 1-based line number, or
+    /// [`SimError::EmptyTrace`].
     pub fn from_jsonl(text: &str) -> Result<Self, SimError> {
         Self::parse(text, &mut NoProgress)
     }
@@ -202,9 +213,13 @@ impl Trace {
         };
         let (mut first, mut last) = (u64::MAX, 0);
         for request in &self.requests {
-            summary.input_tokens += request.input_length;
-            summary.output_tokens += request.output_length;
-            summary.trace_blocks += request.hash_ids.len() as u64;
+            // Saturating: a checked trace cannot reach u64::MAX in practice,
+            // but a summary must never be the thing that panics.
+            summary.input_tokens = summary.input_tokens.saturating_add(request.input_length);
+            summary.output_tokens = summary.output_tokens.saturating_add(request.output_length);
+            summary.trace_blocks = summary
+                .trace_blocks
+                .saturating_add(request.hash_ids.len() as u64);
             first = first.min(request.timestamp);
             last = last.max(request.timestamp);
         }

@@ -175,3 +175,30 @@ fn progress_sees_every_byte_once() {
     assert_eq!(count.total, CONVERSATION_EXCERPT.len() as u64);
     assert_eq!(count.seen, count.total);
 }
+
+/// Issue 11, defect 9: an absurd `output_length` used to overflow the
+/// summary's u64 sums (a panic in debug); it is refused, naming the line.
+#[test]
+fn an_absurd_output_length_is_refused_with_its_line() {
+    let line = |output: u64| {
+        format!(
+            r#"{{"timestamp": 0, "input_length": 10, "output_length": {output}, "hash_ids": [1]}}"#
+        )
+    };
+    let text = [line(5), line(u64::MAX), line(u64::MAX)].join("\n");
+    assert!(matches!(
+        Trace::from_jsonl(&text),
+        Err(SimError::OutputTooLong {
+            line: 2,
+            output_length: u64::MAX
+        })
+    ));
+    let largest =
+        Trace::from_jsonl(&[line(u64::from(u32::MAX)), line(u64::from(u32::MAX))].join("\n"))
+            .unwrap();
+    assert_eq!(largest.summary().output_tokens, 2 * u64::from(u32::MAX));
+    assert!(matches!(
+        Trace::from_jsonl(&line(u64::from(u32::MAX) + 1)),
+        Err(SimError::OutputTooLong { line: 1, .. })
+    ));
+}

@@ -138,6 +138,14 @@ fn errors_are_one_clear_line_and_exit_code_1() {
         &["cache", "--trace", malformed.to_str().unwrap()],
         "malformed trace line 2",
     );
+    let absurd = scratch.file(
+        "absurd.jsonl",
+        "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 18446744073709551615, \"hash_ids\": [1]}\n",
+    );
+    fails_with(
+        &["serve", "--trace", absurd.to_str().unwrap()],
+        "trace line 2: output_length 18446744073709551615 exceeds",
+    );
     fails_with(
         &["cache", "--capacity-blocks", "0"],
         "cache capacity 0 blocks holds no 512-token block",
