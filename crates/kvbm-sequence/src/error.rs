@@ -83,6 +83,24 @@ pub enum SequenceError {
         /// The current length.
         max: usize,
     },
+    /// A truncation target inside a registered block: the tokens kept in it
+    /// have their KV in that block, which is immutable (other requests may
+    /// share it), so the table could neither keep it nor map those tokens
+    /// elsewhere. Truncate to a block boundary (or past the registered
+    /// blocks) instead.
+    #[error(
+        "cannot truncate to {len} tokens: inside registered block {block} (registered blocks cover {registered_tokens} tokens; cut at a multiple of {block_size})"
+    )]
+    TruncateIntoRegistered {
+        /// The length asked for.
+        len: usize,
+        /// The registered block it falls in.
+        block: usize,
+        /// Tokens the registered blocks cover.
+        registered_tokens: usize,
+        /// Tokens per block.
+        block_size: usize,
+    },
     /// `reacquire` needs a released sequence, and this one still holds blocks.
     #[error("the sequence still holds {held} blocks; release it before reacquiring")]
     NotReleased {

@@ -481,12 +481,19 @@ impl<M> RequestSequence<M> {
     /// tokens, say). Full blocks that stay keep their hashes and blocks;
     /// registered blocks past the new end are released (they stay cached);
     /// staged blocks past it return, still held, to the front of the
-    /// unassigned queue, so the page table keeps its order.
+    /// unassigned queue, so the page table keeps its order and every kept
+    /// token stays in the block that held it. Afterwards the sequence's
+    /// tokens, hashes and block layout are those of a sequence built fresh
+    /// from the kept tokens.
     ///
     /// # Errors
     ///
-    /// [`SequenceError::TruncateOutOfRange`] unless
-    /// `num_input_tokens() <= len <= total_tokens()`; nothing changes.
+    /// Nothing changes on error:
+    /// - [`SequenceError::TruncateOutOfRange`] unless
+    ///   `num_input_tokens() <= len <= total_tokens()`;
+    /// - [`SequenceError::TruncateIntoRegistered`] if `len` cuts a registered
+    ///   block (the kept tokens of an immutable block would lose their
+    ///   block); a cut at a block boundary is fine.
     #[instrument(level = "debug", skip_all, fields(len = len))]
     pub fn truncate(&mut self, len: usize) -> Result<(), SequenceError> {
         if len < self.num_input_tokens || len > self.sequence.total_tokens() {
@@ -494,6 +501,16 @@ impl<M> RequestSequence<M> {
                 len,
                 min: self.num_input_tokens,
                 max: self.sequence.total_tokens(),
+            });
+        }
+        let block_size = self.block_size();
+        let registered_tokens = self.assignments.assigned_count().saturating_mul(block_size);
+        if len < registered_tokens && !len.is_multiple_of(block_size) {
+            return Err(SequenceError::TruncateIntoRegistered {
+                len,
+                block: len / block_size,
+                registered_tokens,
+                block_size,
             });
         }
         self.sequence.truncate(len)?;

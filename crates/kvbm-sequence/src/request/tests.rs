@@ -367,17 +367,39 @@ fn truncate_rolls_back_generated_tokens_and_their_blocks() {
     assert_eq!(seq.tokens(), (0..7).collect::<Vec<_>>());
 }
 
+/// Issue 11, defect 7: cutting a registered block used to release it and
+/// map its kept tokens to the next unassigned block, whose KV is not theirs.
+/// The cut is refused; a cut at the block's start releases it whole.
 #[test]
-fn truncate_into_registered_blocks_releases_them() {
+fn truncate_refuses_to_cut_a_registered_block_and_releases_whole_ones() {
     let m = manager(16);
     let mut seq = request(4, 8);
     seq.append_tokens(&[4, 5, 6, 7, 8]).unwrap();
     seq.allocate_blocks(3, &m).unwrap();
     seq.complete_and_register_pending(&m).unwrap();
     assert_eq!(seq.assigned_blocks(), 2);
-    seq.truncate(5).unwrap();
+    let table: Vec<BlockId> = seq.block_ids().collect();
+    assert_eq!(
+        seq.truncate(5).unwrap_err(),
+        SequenceError::TruncateIntoRegistered {
+            len: 5,
+            block: 1,
+            registered_tokens: 8,
+            block_size: BS
+        }
+    );
+    assert_eq!(seq.block_ids().collect::<Vec<_>>(), table);
+    assert_eq!(seq.total_tokens(), 9);
+
+    seq.truncate(4).unwrap();
     assert_eq!((seq.assigned_blocks(), seq.unassigned_blocks()), (1, 1));
     assert_eq!(m.metrics().inactive_blocks, 1, "still cached");
+    let fresh = RequestSequence::<Gpu>::new((0..4).collect(), 8, BS).unwrap();
+    assert_eq!(
+        seq.sequence().sequence_hashes(),
+        fresh.sequence().sequence_hashes()
+    );
+    assert!(seq.assignments().is_consistent_with(seq.sequence()));
 }
 
 #[test]
@@ -391,9 +413,11 @@ fn truncate_keeps_prefix_matched_blocks_within_the_assigned_prefix() {
     let mut seq = request(4, 8);
     seq.append_tokens(&(4..12).collect::<Vec<_>>()).unwrap();
     assert_eq!(seq.match_and_add_prefix(&m).unwrap(), 3);
-    seq.truncate(6).unwrap();
+    // Cutting the second registered block is refused; its start is fine.
+    assert!(seq.truncate(6).is_err());
+    seq.truncate(4).unwrap();
     assert_eq!((seq.prefix_matched_blocks(), seq.assigned_blocks()), (1, 1));
-    assert_eq!(seq.new_tokens_for_prefill(), 2);
+    assert_eq!(seq.new_tokens_for_prefill(), 0);
 }
 
 #[test]

@@ -189,8 +189,31 @@ fn apply(
         }
         Op::Truncate { back, .. } => {
             let len = seq.total_tokens() - (*back).min(seq.generated_tokens());
-            seq.truncate(len)?;
+            let block_size = seq.block_size();
+            let cuts_registered =
+                len < seq.assigned_blocks() * block_size && !len.is_multiple_of(block_size);
+            let before: Vec<_> = seq.block_ids().collect();
+            let result = seq.truncate(len);
+            if cuts_registered {
+                let refused = matches!(result, Err(SequenceError::TruncateIntoRegistered { .. }));
+                prop_assert!(refused, "{:?}", result);
+                prop_assert_eq!(seq.block_ids().collect::<Vec<_>>(), before);
+                return Ok(());
+            }
+            result?;
             prop_assert_eq!(seq.total_tokens(), len);
+            // The same tokens, hashes and block layout as a fresh sequence.
+            let fresh = RequestSequence::<Gpu>::with_salt(
+                seq.tokens().to_vec(),
+                seq.max_output_tokens(),
+                block_size,
+                seq.salt(),
+            )?;
+            prop_assert_eq!(
+                seq.sequence().sequence_hashes(),
+                fresh.sequence().sequence_hashes()
+            );
+            prop_assert_eq!(seq.num_blocks(), fresh.num_blocks());
             Ok(())
         }
         Op::ReleaseUnassigned { count, .. } => {
