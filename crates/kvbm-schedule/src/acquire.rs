@@ -60,6 +60,8 @@ impl<M> SchedulableSequence<M> {
         let blocks_released = self.inner.held_blocks();
         let kv_position = self.kv_position;
         self.inner.release();
+        // Detached: the next blocks may come from any manager.
+        self.bound = None;
         self.kv_position = 0;
         self.record(SequenceEvent::Released {
             blocks_released,

@@ -235,6 +235,11 @@ impl<M> LogicalBlockAssignments<M> {
         if self.staged.is_empty() {
             return Ok(0);
         }
+        // Checked before anything moves: a registration into one manager
+        // could not join assigned blocks of another, and would be lost.
+        if !self.assigned.belongs_to(manager) {
+            return Err(SequenceError::ForeignManager);
+        }
         let staged = std::mem::take(&mut self.staged);
         let registered = match manager.register_blocks(staged) {
             Ok(registered) => registered,
@@ -274,10 +279,14 @@ impl<M> LogicalBlockAssignments<M> {
 
     /// Drops every handle: unassigned and staged blocks are freed, assigned
     /// ones released (cached if no one else holds them).
+    ///
+    /// Afterwards nothing ties the assignments to a manager: blocks of any
+    /// manager may be added (an emptied batch would stay attached to its
+    /// old manager and refuse the new one's blocks).
     pub fn clear(&mut self) {
         self.unassigned.clear();
         self.staged.clear();
-        self.assigned.clear();
+        self.assigned = ImmutableBlocks::new();
     }
 
     /// Checks the invariant against `sequence`: assigned then staged blocks

@@ -276,6 +276,14 @@ impl<M> RequestSequence<M> {
         &mut self,
         matched: ImmutableBlocks<M>,
     ) -> Result<usize, SequenceError> {
+        // Held blocks of one manager and matched blocks of another would
+        // leave a table no single pool can serve.
+        if let Some(bound) = &self.manager
+            && !self.assignments.is_empty()
+            && !matched.belongs_to(bound)
+        {
+            return Err(SequenceError::ForeignManager);
+        }
         let count = self.assignments.extend_assigned(matched, &self.sequence)?;
         self.prefix_matched_blocks += count;
         Ok(count)
@@ -701,11 +709,15 @@ impl<M> RequestSequence<M> {
                 manager: manager.block_size(),
             });
         }
-        match &self.manager {
-            Some(bound) if !self.assignments.is_empty() && !bound.same_pool(manager) => {
-                Err(SequenceError::ForeignManager)
-            }
-            _ => Ok(()),
+        let foreign = match &self.manager {
+            Some(bound) => !self.assignments.is_empty() && !bound.same_pool(manager),
+            // Only matched blocks can be held without a bound manager.
+            None => !self.assignments.assigned().belongs_to(manager),
+        };
+        if foreign {
+            Err(SequenceError::ForeignManager)
+        } else {
+            Ok(())
         }
     }
 

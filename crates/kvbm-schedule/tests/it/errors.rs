@@ -526,3 +526,36 @@ fn speculative_drafts_near_usize_max_are_refused_not_overflowed() {
     seq.schedule_speculative(3, &manager).unwrap();
     audit(&manager);
 }
+
+/// Issue 11, defect 4: a released sequence used to stay tied to its first
+/// manager. Reacquired on another one, its first registration failed with
+/// `ForeignManager` after the blocks had left the sequence (lost, half
+/// applied), and the revert that followed hit a debug assertion.
+#[test]
+fn a_released_sequence_moves_to_another_manager() {
+    let (a, b) = (manager(16), manager(16));
+    let mut seq = prefilled(10, 8, &a);
+    seq.schedule_decode(&a).unwrap();
+    seq.apply_decode(2, &a).unwrap();
+    seq.release().unwrap();
+    assert_eq!(seq.reacquire(&b).unwrap(), 0, "nothing cached in b");
+    seq.schedule_prefill(seq.remaining_prefill_tokens(), &b)
+        .unwrap();
+    seq.apply_prefill(None, &b).unwrap();
+    seq.schedule_decode(&b).unwrap();
+    seq.apply_decode(3, &b).unwrap();
+    assert_eq!(seq.held_blocks(), 3);
+    assert_eq!(audit(&b).in_use_blocks(), 3);
+    assert_eq!(audit(&a).in_use_blocks(), 0);
+
+    // Applying with the old manager is refused and changes nothing; the
+    // schedule can still be reverted or applied with the right one.
+    seq.schedule_decode(&b).unwrap();
+    let error = refused(&mut seq, &a, |seq| seq.apply_decode(4, &a));
+    assert!(matches!(
+        error,
+        ApplyError::Sequence(SequenceError::ForeignManager)
+    ));
+    seq.revert_schedule().unwrap();
+    assert_eq!(audit(&b).in_use_blocks(), 3);
+}

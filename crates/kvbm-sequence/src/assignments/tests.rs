@@ -249,14 +249,15 @@ fn register_into_an_assigned_prefix_of_another_manager_is_refused() {
         .unwrap();
     a.extend_blocks(m2.allocate_blocks(1).unwrap());
     a.stage(&s, usize::MAX).unwrap();
+    // Refused before anything moves: the staged block stays staged (it used
+    // to be registered into m2 and dropped from the sequence).
     assert_eq!(a.register(&m2).unwrap_err(), SequenceError::ForeignManager);
-    assert_eq!(counts(&a), (1, 0, 0));
-    assert!(a.is_consistent_with(&s));
+    assert_eq!(counts(&a), (1, 1, 0));
     let audit = m2.audit().unwrap();
     assert_eq!(
         (audit.held_blocks, audit.inactive_blocks),
-        (0, 1),
-        "cached in m2, not leaked"
+        (1, 0),
+        "still held by the sequence, not registered"
     );
 }
 

@@ -588,3 +588,45 @@ fn release_unassigned_beyond_keeps_what_the_tokens_need() {
     );
     assert_eq!((seq.assigned_blocks(), seq.unassigned_blocks()), (1, 0));
 }
+
+/// Issue 11, defect 4: matched blocks of another manager than the one whose
+/// blocks the sequence holds used to be accepted, leaving a table no single
+/// pool serves. They are refused (and stay cached); after `release` the
+/// sequence takes another manager's blocks.
+#[test]
+fn matched_blocks_of_another_manager_are_refused_while_blocks_are_held() {
+    let (a, b) = (manager(16), manager(16));
+    // b caches the first two blocks of the prompt.
+    let mut donor = request(8, 0);
+    donor.allocate_blocks(2, &b).unwrap();
+    donor.complete_and_register_pending(&b).unwrap();
+    donor.release();
+
+    let mut seq = request(9, 4);
+    seq.allocate_blocks(1, &a).unwrap();
+    // `match_prefix(&b)` refuses already; blocks matched directly in b are
+    // refused when added.
+    assert_eq!(
+        seq.match_prefix(&b).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    let matched = b.match_blocks(&seq.sequence().sequence_hashes()[..2]);
+    assert_eq!(matched.len(), 2);
+    let table: Vec<BlockId> = seq.block_ids().collect();
+    assert_eq!(
+        seq.add_matched_blocks(matched).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    assert_eq!(seq.block_ids().collect::<Vec<_>>(), table);
+    assert_eq!(b.metrics().inactive_blocks, 2, "still cached in b");
+    assert_eq!(
+        seq.match_and_add_prefix(&b).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+
+    seq.release();
+    assert_eq!(seq.reacquire(&b).unwrap(), 2);
+    seq.allocate_blocks(1, &b).unwrap(); // the partial tail's block
+    assert_eq!(a.metrics().in_use_blocks, 0);
+    assert_eq!(b.metrics().in_use_blocks, 3);
+}
