@@ -85,8 +85,9 @@ impl<M> BlockManagerBuilder<M> {
     ///
     /// # Errors
     ///
-    /// [`BlockError::ZeroBlockCount`], [`BlockError::ZeroBlockSize`] or
-    /// [`BlockError::TooManyBlocks`].
+    /// [`BlockError::ZeroBlockCount`], [`BlockError::ZeroBlockSize`],
+    /// [`BlockError::TooManyBlocks`], or [`BlockError::OutOfMemory`] if the
+    /// pool's bookkeeping cannot be allocated on this machine.
     pub fn build(self) -> Result<BlockManager<M>, BlockError> {
         if self.block_count == 0 {
             return Err(BlockError::ZeroBlockCount);
@@ -106,7 +107,7 @@ impl<M> BlockManagerBuilder<M> {
             self.eviction,
             self.duplicates,
             self.record_events,
-        );
+        )?;
         Ok(BlockManager::from_shared(Arc::new(shared)))
     }
 }

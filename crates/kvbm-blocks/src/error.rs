@@ -24,6 +24,13 @@ pub enum BlockError {
         /// The largest block count a pool supports.
         max: usize,
     },
+    /// The memory for a pool of this many blocks could not be had (its
+    /// bookkeeping takes a few dozen bytes per block).
+    #[error("cannot allocate the bookkeeping for a pool of {blocks} blocks: out of memory")]
+    OutOfMemory {
+        /// The block count asked for.
+        blocks: usize,
+    },
     /// An allocation larger than the whole pool: it can never succeed.
     #[error("requested {requested} blocks but the pool only has {total}")]
     ExceedsCapacity {

@@ -35,14 +35,15 @@ impl Shared {
         eviction: EvictionPolicy,
         duplicates: DuplicatePolicy,
         record_events: bool,
-    ) -> Self {
-        Self {
-            state: Mutex::new(PoolState::new(total, eviction, duplicates, record_events)),
+    ) -> Result<Self, BlockError> {
+        let state = PoolState::new(total, eviction, duplicates, record_events)?;
+        Ok(Self {
+            state: Mutex::new(state),
             block_size,
             total,
             eviction,
             duplicates,
-        }
+        })
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -104,23 +105,33 @@ impl PoolState {
         eviction: EvictionPolicy,
         duplicates: DuplicatePolicy,
         record_events: bool,
-    ) -> Self {
+    ) -> Result<Self, BlockError> {
         let empty = Slot {
             hash: SequenceHash::root(0),
             refs: 0,
             epoch: 0,
             state: SlotState::Free,
         };
-        Self {
-            slots: vec![empty; total],
-            // Reversed so that allocation pops block 0 first.
-            free: (0..total as u32).rev().map(BlockId::new).collect(),
+        // The two largest tables, reserved fallibly: a pool too large for
+        // this machine is a typed error, not an abort. (The smaller ones
+        // below then fit in all but the narrowest margins.)
+        let out_of_memory = |_| BlockError::OutOfMemory { blocks: total };
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(total).map_err(out_of_memory)?;
+        slots.resize(total, empty);
+        let mut free = Vec::new();
+        free.try_reserve_exact(total).map_err(out_of_memory)?;
+        // Reversed so that allocation pops block 0 first.
+        free.extend((0..total as u32).rev().map(BlockId::new));
+        Ok(Self {
+            slots,
+            free,
             registry: Registry::with_capacity(total),
             inactive: InactivePool::new(eviction, total),
             duplicates,
             counters: Counters::default(),
             events: record_events.then(Vec::new),
-        }
+        })
     }
 
     /// Free plus evictable: what an allocation could take right now.

@@ -4,7 +4,8 @@
 use super::*;
 
 fn pool_with_registered_block() -> PoolState {
-    let mut pool = PoolState::new(4, EvictionPolicy::Lru, DuplicatePolicy::Deduplicate, false);
+    let mut pool =
+        PoolState::new(4, EvictionPolicy::Lru, DuplicatePolicy::Deduplicate, false).unwrap();
     let ids = pool.allocate(2, &mut Vec::new()).unwrap();
     pool.register(ids[0], SequenceHash::root(7));
     pool.register(ids[1], SequenceHash::root(8));

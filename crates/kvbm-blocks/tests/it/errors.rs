@@ -36,6 +36,22 @@ fn builder_rejects_more_blocks_than_ids_can_name() {
     );
 }
 
+/// Issue 11, defect 10: the largest pool ids can name needs over 100 GB of
+/// bookkeeping; building it used to abort the process ("memory allocation
+/// failed"). It is a typed error on any machine that cannot provide it
+/// (every machine this project runs on).
+#[test]
+fn a_pool_too_large_for_memory_is_a_typed_error_not_an_abort() {
+    let err = BlockManager::<Gpu>::builder()
+        .block_count(MAX_BLOCKS)
+        .block_size(16)
+        .build();
+    assert_eq!(
+        err.unwrap_err(),
+        BlockError::OutOfMemory { blocks: MAX_BLOCKS }
+    );
+}
+
 #[test]
 fn asking_for_more_blocks_than_exist_says_how_many_do() {
     let manager = manager(4);
