@@ -3,6 +3,8 @@
 mod batch;
 mod errors;
 mod eviction;
+#[cfg(not(kvbm_loom))]
+mod fuzz;
 mod lifecycle;
 #[cfg(not(kvbm_loom))]
 mod model;
