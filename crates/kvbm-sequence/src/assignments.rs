@@ -172,10 +172,21 @@ impl<M> LogicalBlockAssignments<M> {
             }
         }
         let count = blocks.len();
+        self.append_assigned(blocks)?;
+        Ok(count)
+    }
+
+    /// Appends to the assigned prefix. An empty prefix takes blocks of any
+    /// manager (an emptied batch stays attached to its old one, so it is
+    /// replaced rather than appended to).
+    fn append_assigned(&mut self, blocks: ImmutableBlocks<M>) -> Result<(), SequenceError> {
+        if self.assigned.is_empty() {
+            self.assigned = blocks;
+            return Ok(());
+        }
         self.assigned
             .append(blocks)
-            .map_err(|_| SequenceError::ForeignManager)?;
-        Ok(count)
+            .map_err(|_| SequenceError::ForeignManager)
     }
 
     /// Binds unassigned blocks, front first, to the sequence's next full
@@ -237,7 +248,7 @@ impl<M> LogicalBlockAssignments<M> {
         }
         // Checked before anything moves: a registration into one manager
         // could not join assigned blocks of another, and would be lost.
-        if !self.assigned.belongs_to(manager) {
+        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
             return Err(SequenceError::ForeignManager);
         }
         let staged = std::mem::take(&mut self.staged);
@@ -250,9 +261,9 @@ impl<M> LogicalBlockAssignments<M> {
             }
         };
         let count = registered.len();
-        self.assigned
-            .append(registered)
-            .map_err(|_| SequenceError::ForeignManager)?;
+        // Cannot fail: checked above that the assigned blocks are the
+        // manager's (or none).
+        self.append_assigned(registered)?;
         Ok(count)
     }
 

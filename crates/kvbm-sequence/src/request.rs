@@ -278,13 +278,20 @@ impl<M> RequestSequence<M> {
     ) -> Result<usize, SequenceError> {
         // Held blocks of one manager and matched blocks of another would
         // leave a table no single pool can serve.
-        if let Some(bound) = &self.manager
-            && !self.assignments.is_empty()
-            && !matched.belongs_to(bound)
-        {
+        let from_bound = self
+            .manager
+            .as_ref()
+            .is_some_and(|bound| matched.belongs_to(bound));
+        let held = !self.assignments.is_empty();
+        if held && self.manager.is_some() && !from_bound {
             return Err(SequenceError::ForeignManager);
         }
         let count = self.assignments.extend_assigned(matched, &self.sequence)?;
+        if !held && count > 0 && !from_bound {
+            // The blocks' manager is unknown here: forget a stale binding, so
+            // the next call is checked against the blocks themselves.
+            self.manager = None;
+        }
         self.prefix_matched_blocks += count;
         Ok(count)
     }
@@ -452,6 +459,8 @@ impl<M> RequestSequence<M> {
         num_blocks: usize,
         manager: &BlockManager<M>,
     ) -> Result<usize, SequenceError> {
+        // Checked before staging, so a refusal changes nothing.
+        self.check_manager(manager)?;
         self.stage_up_to(num_blocks)?;
         self.register_staged(manager)
     }
@@ -712,7 +721,10 @@ impl<M> RequestSequence<M> {
         let foreign = match &self.manager {
             Some(bound) => !self.assignments.is_empty() && !bound.same_pool(manager),
             // Only matched blocks can be held without a bound manager.
-            None => !self.assignments.assigned().belongs_to(manager),
+            None => {
+                !self.assignments.assigned().is_empty()
+                    && !self.assignments.assigned().belongs_to(manager)
+            }
         };
         if foreign {
             Err(SequenceError::ForeignManager)

@@ -630,3 +630,58 @@ fn matched_blocks_of_another_manager_are_refused_while_blocks_are_held() {
     assert_eq!(a.metrics().in_use_blocks, 0);
     assert_eq!(b.metrics().in_use_blocks, 3);
 }
+
+/// Found by the fuzzer: registering into a foreign manager staged the
+/// pending blocks before refusing, so the refusal changed the sequence.
+#[test]
+fn a_refused_complete_and_register_stages_nothing() {
+    let (a, b) = (manager(8), manager(8));
+    let mut seq = request(4, 4);
+    seq.allocate_blocks(1, &a).unwrap();
+    assert_eq!(
+        seq.complete_and_register_pending(&b).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    assert_eq!((seq.staged_blocks(), seq.unassigned_blocks()), (0, 1));
+    assert_eq!(seq.complete_and_register_pending(&a).unwrap(), 1);
+}
+
+/// Found by the fuzzer: a sequence whose registered blocks were all
+/// truncated away kept an empty batch tied to their manager, so after moving
+/// to another manager its first registration was refused half-way.
+#[test]
+fn truncating_away_every_registered_block_detaches_the_sequence() {
+    let (a, b) = (manager(8), manager(8));
+    let mut seq = request(0, 8);
+    seq.append_tokens(&[1, 2, 3, 4]).unwrap();
+    seq.allocate_blocks(1, &a).unwrap();
+    seq.complete_and_register_pending(&a).unwrap();
+    seq.truncate(0).unwrap();
+    seq.append_tokens(&[5, 6, 7, 8]).unwrap();
+    assert_eq!(seq.reacquire(&b).unwrap(), 0);
+    assert_eq!(seq.complete_and_register_pending(&b).unwrap(), 1);
+    assert_eq!(b.metrics().in_use_blocks, 1);
+    assert_eq!(a.metrics().in_use_blocks, 0);
+}
+
+/// Found by the fuzzer: a binding left by a match that found nothing made
+/// blocks matched in another manager look like the bound one's, and the
+/// next allocation mixed two pools in one table.
+#[test]
+fn blocks_matched_elsewhere_are_checked_against_their_own_manager() {
+    let (a, b) = (manager(8), manager(8));
+    let mut donor = request(4, 0);
+    donor.allocate_blocks(1, &a).unwrap();
+    donor.complete_and_register_pending(&a).unwrap();
+    drop(donor);
+    let mut seq = request(5, 0);
+    assert_eq!(seq.match_and_add_prefix(&b).unwrap(), 0);
+    let matched = a.match_blocks(&seq.sequence().sequence_hashes()[..1]);
+    assert_eq!(seq.add_matched_blocks(matched).unwrap(), 1);
+    assert_eq!(
+        seq.allocate_blocks(1, &b).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    seq.allocate_blocks(1, &a).unwrap();
+    assert!(seq.assignments().is_consistent_with(seq.sequence()));
+}

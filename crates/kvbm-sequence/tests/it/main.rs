@@ -2,6 +2,8 @@
 
 mod errors;
 #[cfg(not(kvbm_loom))]
+mod fuzz;
+#[cfg(not(kvbm_loom))]
 mod hashing;
 mod lifecycle;
 #[cfg(not(kvbm_loom))]
