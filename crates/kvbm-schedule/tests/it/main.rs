@@ -1,6 +1,8 @@
 //! Integration tests for kvbm-schedule, through the public API only.
 
 mod errors;
+#[cfg(not(kvbm_loom))]
+mod fuzz;
 mod history;
 mod lifecycle;
 #[cfg(not(kvbm_loom))]
