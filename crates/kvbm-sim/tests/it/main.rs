@@ -3,6 +3,8 @@
 mod cli;
 mod errors;
 #[cfg(not(kvbm_loom))]
+mod fuzz;
+#[cfg(not(kvbm_loom))]
 mod model;
 mod reference;
 mod serve;
