@@ -259,7 +259,7 @@ fn apply_queue_op(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(256)))]
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(1024)))]
 
     /// Any configuration is either refused with a typed error or builds a
     /// queue that survives any sequence of operations.
@@ -561,7 +561,7 @@ fn apply_sched_op(s: &mut Scheduler<Gpu>, op: SchedOp) -> Result<(), TestCaseErr
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(128)))]
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(512)))]
 
     /// Any configuration is refused with a typed error or builds a scheduler
     /// that survives any sequence of calls; at the end, aborting whatever is

@@ -185,7 +185,7 @@ fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseErro
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(192)))]
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(768)))]
 
     #[test]
     fn fuzz_every_request_that_fits_finishes(w in workload()) {
@@ -248,7 +248,7 @@ fn strict_priority_starves_a_low_request_under_an_urgent_stream() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(32)))]
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases(64)))]
 
     /// `Aging::Window(w)`: a `Low` request is overtaken by at most `2w` later
     /// `High` arrivals, each of which runs 5 steps (prefill and 4 decodes),

@@ -22,7 +22,7 @@ fn cases() -> u32 {
     std::env::var("KVBM_FUZZ_CASES")
         .ok()
         .and_then(|cases| cases.parse().ok())
-        .unwrap_or(256)
+        .unwrap_or(1024)
 }
 
 fn extreme_usize() -> impl Strategy<Value = usize> {

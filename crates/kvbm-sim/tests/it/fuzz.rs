@@ -19,7 +19,7 @@ fn cases() -> u32 {
     std::env::var("KVBM_FUZZ_CASES")
         .ok()
         .and_then(|cases| cases.parse().ok())
-        .unwrap_or(96)
+        .unwrap_or(512)
 }
 
 /// A line, and whether the parser must accept it (`None`: blank, skipped).
