@@ -115,6 +115,8 @@
 //! # Ok::<(), kvbm_sim::SimError>(())
 //! ```
 #![forbid(unsafe_code)]
+// The serve report is one `serde_json::json!` object with many keys.
+#![recursion_limit = "256"]
 #![doc(test(attr(deny(warnings))))]
 
 mod capacity;

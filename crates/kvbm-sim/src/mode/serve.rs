@@ -248,6 +248,7 @@ struct Counters {
     max_waiting: u64,
     steps: u64,
     scheduler_steps: u64,
+    scheduled_requests: u64,
     busy: u64,
     prefill_tokens: u64,
     decode_tokens: u64,
@@ -469,6 +470,7 @@ impl<'a> ServeSim<'a> {
         let ran = !plan.is_empty();
         if ran {
             self.counters.steps += 1;
+            self.counters.scheduled_requests += (plan.prefill.len() + plan.decode.len()) as u64;
             self.counters.busy = self.counters.busy.saturating_add(elapsed);
             self.counters.prefill_tokens += prefill_tokens;
             self.counters.decode_tokens += decodes;
@@ -564,6 +566,7 @@ impl<'a> ServeSim<'a> {
             preemptions: counters.preemptions,
             evictions: self.scheduler.manager().metrics().evictions,
             steps: counters.steps,
+            scheduled_requests: counters.scheduled_requests,
             prefill_tokens: counters.prefill_tokens,
             decode_tokens: counters.decode_tokens,
             output_tokens: counters.output_tokens,

@@ -326,6 +326,9 @@ fn serve_json_has_the_documented_fields_and_honours_every_option() {
     assert!((json["ttft"]["p50_ms"].as_f64().unwrap() - 6.88).abs() < 1e-9);
     // Two decodes of 1 + 0.5 ms each.
     assert_eq!(json["tpot"]["p50_ms"], 1.5);
+    // Five prefill chunks (three and two) and every decode were planned.
+    let decodes = json["decode_tokens"].as_u64().unwrap();
+    assert_eq!(json["scheduled_requests"].as_u64(), Some(5 + decodes));
     for field in [
         "steps",
         "requests_per_s",

@@ -147,6 +147,11 @@ pub struct ServeReport {
     pub evictions: u64,
     /// Engine steps (steps that ran something).
     pub steps: u64,
+    /// Requests in the plans, summed over steps (a request prefilling or
+    /// decoding in a step counts once): the denominator of the scheduler's
+    /// cost per scheduled request-step (`replay_ms × 1000 /
+    /// scheduled_requests` µs).
+    pub scheduled_requests: u64,
     /// Tokens prefilled, prompt chunks and recomputation alike.
     pub prefill_tokens: u64,
     /// Decode work items (one per decoding request per step).
@@ -248,6 +253,7 @@ impl ServeReport {
             "preemptions": self.preemptions,
             "evictions": self.evictions,
             "steps": self.steps,
+            "scheduled_requests": self.scheduled_requests,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
             "output_tokens": self.output_tokens,
