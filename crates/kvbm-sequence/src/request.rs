@@ -278,19 +278,16 @@ impl<M> RequestSequence<M> {
     ) -> Result<usize, SequenceError> {
         // Held blocks of one manager and matched blocks of another would
         // leave a table no single pool can serve.
-        let from_bound = self
-            .manager
-            .as_ref()
-            .is_some_and(|bound| matched.belongs_to(bound));
-        let held = !self.assignments.is_empty();
-        if held && self.manager.is_some() && !from_bound {
+        let owner = matched.manager();
+        if let (Some(bound), Some(owner)) = (&self.manager, &owner)
+            && !self.assignments.is_empty()
+            && !bound.same_pool(owner)
+        {
             return Err(SequenceError::ForeignManager);
         }
         let count = self.assignments.extend_assigned(matched, &self.sequence)?;
-        if !held && count > 0 && !from_bound {
-            // The blocks' manager is unknown here: forget a stale binding, so
-            // the next call is checked against the blocks themselves.
-            self.manager = None;
+        if let Some(owner) = owner.filter(|_| count > 0) {
+            self.bind(&owner);
         }
         self.prefix_matched_blocks += count;
         Ok(count)
@@ -718,18 +715,13 @@ impl<M> RequestSequence<M> {
                 manager: manager.block_size(),
             });
         }
-        let foreign = match &self.manager {
-            Some(bound) => !self.assignments.is_empty() && !bound.same_pool(manager),
-            // Only matched blocks can be held without a bound manager.
-            None => {
-                !self.assignments.assigned().is_empty()
-                    && !self.assignments.assigned().belongs_to(manager)
+        // Every call that adds blocks binds their manager, so held blocks
+        // always have one.
+        match &self.manager {
+            Some(bound) if !self.assignments.is_empty() && !bound.same_pool(manager) => {
+                Err(SequenceError::ForeignManager)
             }
-        };
-        if foreign {
-            Err(SequenceError::ForeignManager)
-        } else {
-            Ok(())
+            _ => Ok(()),
         }
     }
 

@@ -79,6 +79,12 @@ impl<M> ImmutableBlocks<M> {
             .is_none_or(|shared| manager.owns(shared))
     }
 
+    /// The manager these blocks are registered in; `None` for a batch never
+    /// attached to one.
+    pub fn manager(&self) -> Option<BlockManager<M>> {
+        self.shared.clone().map(BlockManager::from_shared)
+    }
+
     /// The block ids in order: the page table an attention kernel reads.
     pub fn block_ids(&self) -> impl ExactSizeIterator<Item = BlockId> + '_ {
         self.blocks.iter().map(BlockInfo::block_id)
