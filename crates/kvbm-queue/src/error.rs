@@ -198,6 +198,17 @@ pub enum SchedulerError {
         /// The request.
         id: crate::RequestId,
     },
+    /// An output accepted more draft tokens than its step verified (a
+    /// prefill chunk or a plain decode verifies none).
+    #[error("request {id} accepted {accepted} draft tokens but its step verified {drafts}")]
+    TooManyDrafts {
+        /// The request.
+        id: crate::RequestId,
+        /// Draft tokens the output accepted.
+        accepted: usize,
+        /// Draft tokens the step verified.
+        drafts: usize,
+    },
     /// `abort` named a request that is neither waiting nor running.
     #[error("request {id} is not waiting or running")]
     UnknownRequest {

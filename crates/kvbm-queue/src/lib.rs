@@ -174,7 +174,7 @@ pub use queue::RequestQueue;
 pub use request::{Priority, Request};
 pub use scheduler::{
     Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, PAD_SLOT,
-    Preemption, PrefillWork, RequestId, Scheduler, SchedulerConfig, StepPlan, StepReport,
-    SubmitHandle,
+    Preemption, PrefillWork, RequestId, RolledBack, Scheduler, SchedulerConfig, StepPlan,
+    StepReport, SubmitHandle,
 };
 pub use stats::QueueStats;

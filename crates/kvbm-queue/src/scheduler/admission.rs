@@ -116,7 +116,11 @@ impl<M> Scheduler<M> {
         };
         let prompt = seq.total_tokens() as u64;
         let hits = seq.kv_position() as u64;
-        match Running::schedule_seq(&mut seq, &self.manager, *budget, self.config.chunk_size) {
+        match Running::schedule_seq(
+            &mut seq,
+            &self.manager,
+            self.config.limits(*budget, self.manager.total_blocks()),
+        ) {
             Ok(Some(work)) => {
                 *budget -= work.tokens();
                 self.counters.prompt_tokens += prompt;

@@ -20,8 +20,8 @@ impl<M> Scheduler<M> {
     ///
     /// Nothing changes on error: [`SchedulerError::NoStepPending`],
     /// [`SchedulerError::MissingOutput`], [`SchedulerError::UnexpectedOutput`],
-    /// [`SchedulerError::DuplicateOutput`], [`SchedulerError::MissingToken`]
-    /// or [`SchedulerError::UnexpectedToken`].
+    /// [`SchedulerError::DuplicateOutput`], [`SchedulerError::MissingToken`],
+    /// [`SchedulerError::UnexpectedToken`] or [`SchedulerError::TooManyDrafts`].
     pub fn apply(&mut self, outputs: &[EngineOutput]) -> Result<StepReport, SchedulerError> {
         let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
         let by_id = self.check_outputs(pending, outputs)?;
@@ -62,6 +62,8 @@ impl<M> Scheduler<M> {
                 }
             }
         }
+        self.counters.spec_proposed_tokens += report.verified_draft_tokens as u64;
+        self.counters.spec_accepted_tokens += report.accepted_draft_tokens as u64;
         // Requests cancelled while the engine ran end now, after their
         // computed work is committed (what they registered stays cached).
         self.reindex();
@@ -71,17 +73,17 @@ impl<M> Scheduler<M> {
     }
 
     /// Validates `outputs` against the plan without changing anything.
-    pub(super) fn check_outputs(
+    pub(super) fn check_outputs<'a>(
         &self,
         pending: &PendingStep,
-        outputs: &[EngineOutput],
-    ) -> Result<OutputsById, SchedulerError> {
+        outputs: &'a [EngineOutput],
+    ) -> Result<OutputsById<'a>, SchedulerError> {
         let mut by_id = OutputsById::with_capacity_and_hasher(outputs.len(), Default::default());
         for output in outputs {
             if pending.aborted.contains(&output.id) {
                 continue;
             }
-            if by_id.insert(output.id, *output).is_some() {
+            if by_id.insert(output.id, output).is_some() {
                 return Err(SchedulerError::DuplicateOutput { id: output.id });
             }
         }
@@ -95,6 +97,14 @@ impl<M> Scheduler<M> {
                 (true, false) => return Err(SchedulerError::MissingToken { id }),
                 (false, true) => return Err(SchedulerError::UnexpectedToken { id }),
                 _ => {}
+            }
+            let accepted = output.accepted_drafts.len();
+            if accepted > work.drafts() {
+                return Err(SchedulerError::TooManyDrafts {
+                    id,
+                    accepted,
+                    drafts: work.drafts(),
+                });
             }
         }
         if by_id.len() != expected {

@@ -32,6 +32,10 @@ pub struct Census {
     pub prompt_tokens: u64,
     /// Of those, tokens served from the prefix cache.
     pub prefix_hit_tokens: u64,
+    /// Draft tokens verified in applied speculative steps.
+    pub spec_proposed_tokens: u64,
+    /// Of those, the ones the engine accepted.
+    pub spec_accepted_tokens: u64,
 }
 
 impl Census {
@@ -63,6 +67,8 @@ impl<M> Scheduler<M> {
             priority_preemptions: self.counters.priority_preemptions,
             prompt_tokens: self.counters.prompt_tokens,
             prefix_hit_tokens: self.counters.prefix_hit_tokens,
+            spec_proposed_tokens: self.counters.spec_proposed_tokens,
+            spec_accepted_tokens: self.counters.spec_accepted_tokens,
         }
     }
 

@@ -1,5 +1,6 @@
 //! [`SchedulerConfig`]: the per-step limits, with documented defaults.
 
+use super::running::Limits;
 use crate::{Aging, GenerationReserve, Selection};
 
 /// The limits one [`Scheduler::step`](crate::Scheduler::step) works within.
@@ -31,6 +32,14 @@ pub struct SchedulerConfig {
     /// waiting one (running requests that run out of blocks preempt the least
     /// important running request either way).
     pub preemption: Preemption,
+    /// Draft tokens each decode verifies (speculative decoding; 0 turns it
+    /// off). A decode then computes `1 + speculative_tokens` tokens, all
+    /// counted against `token_budget`, and gains 1 to
+    /// `speculative_tokens + 1` tokens. Fewer drafts are verified when the
+    /// token budget or the request's output budget is short, or when the
+    /// blocks above the watermark cannot hold their slots: drafts never make
+    /// a request wait or be preempted.
+    pub speculative_tokens: usize,
 }
 
 /// What admission may do when the most urgent waiting request does not fit.
@@ -61,6 +70,7 @@ impl Default for SchedulerConfig {
             selection: Selection::HeadOfLine,
             aging: Aging::Strict,
             preemption: Preemption::Never,
+            speculative_tokens: 0,
         }
     }
 }
@@ -112,6 +122,23 @@ impl SchedulerConfig {
     pub fn with_preemption(mut self, preemption: Preemption) -> Self {
         self.preemption = preemption;
         self
+    }
+
+    /// Sets [`speculative_tokens`](Self::speculative_tokens).
+    pub fn with_speculative_tokens(mut self, draft_tokens: usize) -> Self {
+        self.speculative_tokens = draft_tokens;
+        self
+    }
+
+    /// What one request may be scheduled with `budget` tokens left in a
+    /// pool of `total_blocks`.
+    pub(super) fn limits(&self, budget: usize, total_blocks: usize) -> Limits {
+        Limits {
+            budget,
+            chunk_size: self.chunk_size,
+            draft_tokens: self.speculative_tokens,
+            draft_floor: self.watermark(total_blocks),
+        }
     }
 
     /// The watermark for a pool of `total_blocks`.

@@ -84,7 +84,7 @@ impl<M> Scheduler<M> {
         }
         out.clear();
         let prefill = plan.prefill.iter().map(|p| (p.id, p.num_tokens));
-        let decode = plan.decode.iter().map(|d| (d.id, 1));
+        let decode = plan.decode.iter().map(|d| (d.id, d.num_tokens()));
         for (id, tokens) in prefill.chain(decode) {
             match self.find(id).filter(|running| running.work.is_some()) {
                 Some(running) => self.push_slots(running, tokens, out),

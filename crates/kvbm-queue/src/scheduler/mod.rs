@@ -16,7 +16,7 @@ mod step;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use kvbm_blocks::{BlockId, BlockManager};
+use kvbm_blocks::BlockManager;
 use kvbm_schedule::SchedulableSequence;
 
 pub use self::census::Census;
@@ -24,9 +24,11 @@ pub use self::config::{Preemption, SchedulerConfig};
 use self::live::LiveIds;
 pub use self::live::SubmitHandle;
 pub use self::lookups::PAD_SLOT;
-pub use self::plan::{DecodeWork, EngineOutput, Finished, PrefillWork, StepPlan, StepReport};
+pub use self::plan::{
+    DecodeWork, EngineOutput, Finished, PrefillWork, RolledBack, StepPlan, StepReport,
+};
 pub use self::request::{FinishReason, InferenceRequest, RequestId};
-use self::running::Running;
+use self::running::{Running, Scratch};
 use crate::{QueueConfig, Rejected, RequestQueue, SchedulerError};
 
 /// Continuous-batching scheduler for one block pool.
@@ -78,7 +80,7 @@ pub struct Scheduler<M> {
     next_admission: u64,
     counters: Counters,
     /// Reused by `apply` so committing a step allocates nothing per request.
-    scratch: Vec<BlockId>,
+    scratch: Scratch,
 }
 
 /// Index of each running request in `Scheduler::running` (a fast hasher:
@@ -86,7 +88,7 @@ pub struct Scheduler<M> {
 type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
-type OutputsById = HashMap<RequestId, EngineOutput, foldhash::fast::RandomState>;
+type OutputsById<'a> = HashMap<RequestId, &'a EngineOutput, foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 struct PendingStep {
@@ -107,6 +109,8 @@ struct Counters {
     priority_preemptions: u64,
     prefix_hit_tokens: u64,
     prompt_tokens: u64,
+    spec_proposed_tokens: u64,
+    spec_accepted_tokens: u64,
 }
 
 impl<M> Scheduler<M> {
@@ -145,7 +149,7 @@ impl<M> Scheduler<M> {
             next_step: 0,
             next_admission: 0,
             counters: Counters::default(),
-            scratch: Vec::new(),
+            scratch: Scratch::default(),
         })
     }
 

@@ -38,9 +38,20 @@ impl StepPlan {
         self.prefill.is_empty() && self.decode.is_empty()
     }
 
-    /// Tokens computed this step.
+    /// Tokens computed this step (draft tokens included).
     pub fn num_tokens(&self) -> usize {
-        self.prefill.iter().map(|p| p.num_tokens).sum::<usize>() + self.decode.len()
+        let prefill = self.prefill.iter().map(|p| p.num_tokens).sum::<usize>();
+        let decode = self
+            .decode
+            .iter()
+            .map(DecodeWork::num_tokens)
+            .sum::<usize>();
+        prefill + decode
+    }
+
+    /// Draft tokens proposed for verification this step.
+    pub fn draft_tokens(&self) -> usize {
+        self.decode.iter().map(|d| d.draft_tokens).sum()
     }
 }
 
@@ -61,27 +72,54 @@ pub struct PrefillWork {
     pub resumed: bool,
 }
 
-/// A decode step: compute the KV of the token at `position` and sample the next.
+/// A decode step: compute the KV of the token at `position` (and, with
+/// speculative decoding, of `draft_tokens` draft tokens after it) and sample
+/// the next.
+///
+/// A speculative step's slots cover positions `position ..= position +
+/// draft_tokens`; `new_blocks` may also hold the block of the slot after
+/// them, where the token sampled after the last accepted draft goes next.
+/// Blocks that end up holding only rejected drafts are given back by
+/// [`apply`](crate::Scheduler::apply) and listed in
+/// [`StepReport::rolled_back`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodeWork {
     /// The request.
     pub id: RequestId,
     /// Position of the token whose KV is computed.
     pub position: usize,
+    /// Draft tokens the engine verifies after it (0 without speculative
+    /// decoding; fewer than configured when the token budget or the
+    /// request's output budget is short).
+    pub draft_tokens: usize,
     /// Blocks to append to the request's table (the whole table if `resumed`).
     pub new_blocks: Vec<BlockId>,
     /// Whether the table starts fresh this step.
     pub resumed: bool,
 }
 
+impl DecodeWork {
+    /// Tokens this entry computes: the tail token and the drafts.
+    pub fn num_tokens(&self) -> usize {
+        self.draft_tokens.saturating_add(1)
+    }
+}
+
 /// What the engine sampled for one planned request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineOutput {
     /// The request.
     pub id: RequestId,
     /// The sampled token: required for decodes and emitting prefill chunks,
-    /// absent for other chunks.
+    /// absent for other chunks. After a speculative step, the token sampled
+    /// after the last accepted draft (the bonus token when every draft was
+    /// accepted, the correction otherwise).
     pub token: Option<u32>,
+    /// The draft tokens the engine accepted, in order (a prefix of the
+    /// drafts it verified, at most [`DecodeWork::draft_tokens`]); empty for
+    /// everything but speculative decodes. The request gains these and then
+    /// `token`: 1 to `draft_tokens + 1` tokens per step.
+    pub accepted_drafts: Vec<u32>,
     /// The engine saw a stop condition (end-of-sequence, stop string): the
     /// request finishes after this token.
     pub stop: bool,
@@ -93,8 +131,31 @@ impl EngineOutput {
         Self {
             id,
             token: Some(token),
+            accepted_drafts: Vec::new(),
             stop: false,
         }
+    }
+
+    /// A speculative step's result: the accepted draft tokens, then the
+    /// token sampled after them.
+    pub fn speculative(id: RequestId, accepted_drafts: Vec<u32>, token: u32) -> Self {
+        Self {
+            id,
+            token: Some(token),
+            accepted_drafts,
+            stop: false,
+        }
+    }
+
+    /// The same output, ending the request after its last token.
+    pub fn with_stop(mut self) -> Self {
+        self.stop = true;
+        self
+    }
+
+    /// Tokens the request gains: the accepted drafts and the sampled token.
+    pub fn num_tokens(&self) -> usize {
+        self.accepted_drafts.len() + usize::from(self.token.is_some())
     }
 
     /// A chunk that samples nothing.
@@ -102,6 +163,7 @@ impl EngineOutput {
         Self {
             id,
             token: None,
+            accepted_drafts: Vec::new(),
             stop: false,
         }
     }
@@ -111,6 +173,7 @@ impl EngineOutput {
         Self {
             id,
             token: Some(token),
+            accepted_drafts: Vec::new(),
             stop: true,
         }
     }
@@ -127,6 +190,24 @@ pub struct StepReport {
     pub generated_tokens: usize,
     /// Requests that finished, with why and how many tokens they generated.
     pub finished: Vec<Finished>,
+    /// Draft tokens the engine verified this step (speculative decoding).
+    pub verified_draft_tokens: usize,
+    /// Of those, the ones it accepted.
+    pub accepted_draft_tokens: usize,
+    /// Blocks given back after speculative steps: each held only rejected
+    /// draft tokens. The engine drops them from the end of the request's
+    /// table.
+    pub rolled_back: Vec<RolledBack>,
+}
+
+/// Blocks a request gave back because they held only rejected draft tokens
+/// (last block of its table first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolledBack {
+    /// The request.
+    pub id: RequestId,
+    /// The blocks, in the order they were given back (last table entry first).
+    pub blocks: Vec<BlockId>,
 }
 
 /// A request that left the scheduler.

@@ -2,19 +2,26 @@
 //! engine this step.
 
 use kvbm_blocks::{BlockId, BlockManager};
-use kvbm_schedule::{ApplyError, SchedulableSequence, ScheduleError};
+use kvbm_schedule::{ApplyError, SchedulableSequence, ScheduleError, SequenceState};
 
 use super::{
-    DecodeWork, EngineOutput, FinishReason, InferenceRequest, PrefillWork, RequestId, StepPlan,
-    StepReport,
+    DecodeWork, EngineOutput, FinishReason, InferenceRequest, PrefillWork, RequestId, RolledBack,
+    StepPlan, StepReport,
 };
 use crate::{Admitted, Priority};
 
 /// What a running request was scheduled to do this step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Work {
-    Prefill { tokens: usize, emits: bool },
+    Prefill {
+        tokens: usize,
+        emits: bool,
+    },
     Decode,
+    /// A decode that also verifies `drafts` draft tokens.
+    Speculative {
+        drafts: usize,
+    },
 }
 
 impl Work {
@@ -22,15 +29,38 @@ impl Work {
         match self {
             Work::Prefill { tokens, .. } => tokens,
             Work::Decode => 1,
+            Work::Speculative { drafts } => drafts.saturating_add(1),
         }
     }
 
     pub(super) fn samples_token(self) -> bool {
         match self {
             Work::Prefill { emits, .. } => emits,
-            Work::Decode => true,
+            Work::Decode | Work::Speculative { .. } => true,
         }
     }
+
+    /// Draft tokens the engine may accept.
+    pub(super) fn drafts(self) -> usize {
+        match self {
+            Work::Speculative { drafts } => drafts,
+            Work::Prefill { .. } | Work::Decode => 0,
+        }
+    }
+}
+
+/// What one request may be scheduled within this step.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Limits {
+    /// Tokens left in the step's budget.
+    pub(super) budget: usize,
+    /// Most prompt tokens in one prefill chunk.
+    pub(super) chunk_size: usize,
+    /// Draft tokens per decode (0: no speculative decoding).
+    pub(super) draft_tokens: usize,
+    /// Available blocks drafts leave alone (the watermark): draft slots
+    /// only take blocks above it.
+    pub(super) draft_floor: usize,
 }
 
 pub(super) struct Running<M> {
@@ -73,26 +103,61 @@ impl<M> Running<M> {
     pub(super) fn schedule(
         &mut self,
         manager: &BlockManager<M>,
-        budget: usize,
-        chunk_size: usize,
+        limits: Limits,
     ) -> Result<Option<Work>, ScheduleError> {
-        Self::schedule_seq(&mut self.seq, manager, budget, chunk_size)
+        Self::schedule_seq(&mut self.seq, manager, limits)
     }
 
-    /// Schedules a decode, or the next prefill chunk while the prompt (or a
-    /// recomputation) is incomplete; `None` if the budget allows nothing.
+    /// Schedules a decode (speculative when drafts are configured), or the
+    /// next prefill chunk while the prompt (or a recomputation) is
+    /// incomplete; `None` if the budget allows nothing.
     pub(super) fn schedule_seq(
         seq: &mut SchedulableSequence<M>,
         manager: &BlockManager<M>,
-        budget: usize,
-        chunk_size: usize,
+        limits: Limits,
     ) -> Result<Option<Work>, ScheduleError> {
+        let Limits {
+            budget,
+            chunk_size,
+            draft_tokens,
+            draft_floor,
+        } = limits;
         if budget == 0 {
             return Ok(None);
         }
         if seq.is_prefill_complete() {
-            seq.schedule_decode(manager)?;
-            return Ok(Some(Work::Decode));
+            if draft_tokens == 0 {
+                seq.schedule_decode(manager)?;
+                return Ok(Some(Work::Decode));
+            }
+            // The budget counts drafts. Up to `drafts + 1` tokens may be
+            // accepted (the drafts and the token sampled after them), so
+            // the sequence covers that many: the last slot is where the
+            // next step's tail token goes. Drafts are opportunistic: they
+            // only take blocks above the watermark, and shrink (to none)
+            // rather than make anyone wait or be preempted.
+            let drafts = draft_tokens.min(budget - 1);
+            let room = manager.available_blocks().saturating_sub(draft_floor);
+            let coverable = seq
+                .held_blocks()
+                .saturating_add(room)
+                .saturating_mul(seq.block_size());
+            let accepted_max = drafts
+                .saturating_add(1)
+                .min(coverable.saturating_sub(seq.total_tokens()));
+            if accepted_max == 0 {
+                seq.schedule_decode(manager)?;
+                return Ok(Some(Work::Decode));
+            }
+            // The sequence further clamps to its output budget.
+            seq.schedule_speculative(accepted_max, manager)?;
+            let drafts = match seq.state() {
+                SequenceState::SpeculativeScheduled { num_tokens, .. } => {
+                    num_tokens.saturating_sub(1)
+                }
+                _ => 0,
+            };
+            return Ok(Some(Work::Speculative { drafts }));
         }
         let remaining = seq.remaining_prefill_tokens();
         let tokens = remaining.min(chunk_size).min(budget);
@@ -129,9 +194,10 @@ impl<M> Running<M> {
                 new_blocks,
                 resumed,
             }),
-            Work::Decode => plan.decode.push(DecodeWork {
+            Work::Decode | Work::Speculative { .. } => plan.decode.push(DecodeWork {
                 id,
                 position: self.seq.kv_position(),
+                draft_tokens: work.drafts(),
                 new_blocks,
                 resumed,
             }),
@@ -159,24 +225,57 @@ impl<M> Running<M> {
             .any(|(now, &was)| now.block_id() != was)
     }
 
+    /// Lists the blocks a speculative apply gave back (the last entries of
+    /// the table before it, `unregistered` being that table's unregistered
+    /// tail) and forgets them as known to the engine.
+    fn report_rolled_back(
+        &mut self,
+        held_before: usize,
+        unregistered: &[BlockId],
+        report: &mut StepReport,
+    ) {
+        let released = held_before.saturating_sub(self.seq.held_blocks());
+        if released == 0 {
+            return;
+        }
+        let start = unregistered.len().saturating_sub(released);
+        let blocks = unregistered[start..].iter().rev().copied().collect();
+        self.known_blocks = self.known_blocks.saturating_sub(released);
+        report.rolled_back.push(RolledBack {
+            id: self.id(),
+            blocks,
+        });
+    }
+
     /// Applies the engine's output to the scheduled work; `Some` when the
     /// request is done.
     ///
-    /// `scratch` is a buffer the caller keeps between calls, so committing
-    /// allocates nothing.
+    /// `scratch` holds buffers the caller keeps between calls, so committing
+    /// allocates nothing (except to report rolled-back blocks).
     pub(super) fn commit(
         &mut self,
-        output: EngineOutput,
+        output: &EngineOutput,
         manager: &BlockManager<M>,
         report: &mut StepReport,
-        scratch: &mut Vec<BlockId>,
+        scratch: &mut Scratch,
     ) -> Result<Option<FinishReason>, ApplyError> {
         let Some(work) = self.work.take() else {
             return Ok(None);
         };
         let registered_before = self.seq.assigned_blocks();
-        self.unregistered_block_ids(scratch);
+        let held_before = self.seq.held_blocks();
+        self.unregistered_block_ids(&mut scratch.blocks);
         match (work, output.token) {
+            (Work::Speculative { drafts }, Some(token)) => {
+                scratch.tokens.clear();
+                scratch.tokens.extend_from_slice(&output.accepted_drafts);
+                scratch.tokens.push(token);
+                self.seq.apply_speculative(&scratch.tokens, manager)?;
+                report.generated_tokens += scratch.tokens.len();
+                report.verified_draft_tokens += drafts;
+                report.accepted_draft_tokens += output.accepted_drafts.len();
+                self.report_rolled_back(held_before, &scratch.blocks, report);
+            }
             (Work::Prefill { emits, .. }, token) => {
                 self.seq.apply_prefill(token, manager)?;
                 if emits {
@@ -188,13 +287,13 @@ impl<M> Running<M> {
                 self.seq.apply_decode(token, manager)?;
                 report.generated_tokens += 1;
             }
-            (Work::Decode, None) => {
+            (Work::Decode | Work::Speculative { .. }, None) => {
                 // `check_outputs` requires a token for every decode.
                 self.work = Some(work);
                 return Ok(None);
             }
         }
-        if self.registration_swapped_blocks(registered_before, scratch) {
+        if self.registration_swapped_blocks(registered_before, &scratch.blocks) {
             // The engine must learn the new table before it runs us again.
             self.resumed = true;
         }
@@ -207,4 +306,13 @@ impl<M> Running<M> {
             None
         })
     }
+}
+
+/// Buffers `commit` reuses across requests and steps.
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    /// The unregistered tail of a table before its step is applied.
+    pub(super) blocks: Vec<BlockId>,
+    /// A speculative step's tokens: accepted drafts, then the sampled token.
+    pub(super) tokens: Vec<u32>,
 }

@@ -54,7 +54,10 @@ impl<M> Scheduler<M> {
             .sort_by_key(|r| (std::cmp::Reverse(r.priority()), r.admission));
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
-            match self.running[i].schedule(&self.manager, *budget, self.config.chunk_size) {
+            match self.running[i].schedule(
+                &self.manager,
+                self.config.limits(*budget, self.manager.total_blocks()),
+            ) {
                 Ok(Some(work)) => {
                     *budget -= work.tokens();
                     self.running[i].push_work(work, plan);

@@ -366,35 +366,59 @@ fn sched_config() -> impl Strategy<Value = (usize, usize, SchedulerConfig)> {
         prop_oneof![Just(Preemption::Never), Just(Preemption::ByPriority)],
         prop_oneof![Just(Aging::Strict), extreme_u64().prop_map(Aging::Window)],
     );
-    (block_size, blocks, (limit(), limit(), limit()), policies).prop_map(
-        |(bs, blocks, (max_running, budget, chunk), (reserve, watermark, preemption, aging))| {
-            let mut config = SchedulerConfig::default()
-                .with_max_running(max_running)
-                .with_token_budget(budget)
-                .with_chunk_size(chunk)
-                .with_reserve(reserve)
-                .with_preemption(preemption)
-                .with_aging(aging);
-            if let Some(watermark) = watermark {
-                config = config.with_watermark_blocks(watermark);
-            }
-            (bs, blocks, config)
-        },
+    let drafts = prop_oneof![2 => Just(0usize), 1 => limit()];
+    (
+        block_size,
+        blocks,
+        (limit(), limit(), limit(), drafts),
+        policies,
     )
+        .prop_map(
+            |(
+                bs,
+                blocks,
+                (max_running, budget, chunk, drafts),
+                (reserve, watermark, preemption, aging),
+            )| {
+                let mut config = SchedulerConfig::default()
+                    .with_max_running(max_running)
+                    .with_token_budget(budget)
+                    .with_chunk_size(chunk)
+                    .with_reserve(reserve)
+                    .with_preemption(preemption)
+                    .with_aging(aging)
+                    .with_speculative_tokens(drafts);
+                if let Some(watermark) = watermark {
+                    config = config.with_watermark_blocks(watermark);
+                }
+                (bs, blocks, config)
+            },
+        )
 }
 
 /// Outputs that match `plan`; the `k`th sampled token stops if bit `k` of
-/// `stops` is set.
+/// `stops` is set, and speculative decodes accept all, none or some of
+/// their drafts.
 fn engine_outputs(plan: &StepPlan, stops: u32) -> Vec<EngineOutput> {
-    let prefill = plan.prefill.iter().map(|p| (p.id, p.emits_token));
-    let decode = plan.decode.iter().map(|d| (d.id, true));
+    let prefill = plan.prefill.iter().map(|p| (p.id, p.emits_token, 0));
+    let decode = plan.decode.iter().map(|d| (d.id, true, d.draft_tokens));
     prefill
         .chain(decode)
         .enumerate()
-        .map(|(k, (id, samples))| match samples {
-            true if stops >> (k % 32) & 1 == 1 => EngineOutput::stop(id, 7),
-            true => EngineOutput::token(id, 7 + k as u32),
-            false => EngineOutput::no_token(id),
+        .map(|(k, (id, samples, drafts))| {
+            let accepted = match stops >> (k % 32) & 3 {
+                0 => 0,
+                1 => drafts,
+                _ => (stops as usize >> (k % 16)) % (drafts.min(64) + 1),
+            };
+            let output = match samples {
+                true => EngineOutput::speculative(id, vec![5; accepted.min(drafts)], 7 + k as u32),
+                false => EngineOutput::no_token(id),
+            };
+            match samples && stops >> (k % 32) & 1 == 1 {
+                true => output.with_stop(),
+                false => output,
+            }
         })
         .collect()
 }
@@ -494,7 +518,7 @@ fn apply_sched_op(s: &mut Scheduler<Gpu>, op: SchedOp) -> Result<(), TestCaseErr
                 0 => {
                     bad.pop();
                 }
-                1 => bad.extend(good.first().copied()),
+                1 => bad.extend(good.first().cloned()),
                 2 => bad.push(EngineOutput::token(RequestId(u64::MAX), 1)),
                 _ => {
                     if let Some(first) = bad.first_mut() {

@@ -67,17 +67,19 @@ fn workload() -> impl Strategy<Value = Workload> {
         (0u32..24).prop_map(GenerationReserve::Capped)
     ];
     let preemption = prop_oneof![Just(Preemption::Never), Just(Preemption::ByPriority)];
-    let limits = (1usize..6, 1usize..40, 1usize..40, 0usize..3);
+    let spec = prop_oneof![2 => Just(0usize), 1 => 1usize..6];
+    let limits = (1usize..6, 1usize..40, 1usize..40, 0usize..3, spec);
     (2usize..16, limits, reserve, preemption)
         .prop_flat_map(
-            |(blocks, (max_running, budget, chunk, watermark), reserve, preemption)| {
+            |(blocks, (max_running, budget, chunk, watermark, spec), reserve, preemption)| {
                 let config = SchedulerConfig::default()
                     .with_max_running(max_running)
                     .with_token_budget(budget)
                     .with_chunk_size(chunk)
                     .with_watermark_blocks(watermark)
                     .with_reserve(reserve)
-                    .with_preemption(preemption);
+                    .with_preemption(preemption)
+                    .with_speculative_tokens(spec);
                 let pool_tokens = blocks as u32 * BS;
                 (
                     Just(blocks),
@@ -170,6 +172,12 @@ fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseErro
         let mut out = outputs(&plan);
         for (k, output) in out.iter_mut().enumerate() {
             output.stop = output.token.is_some() && w.stops >> (k % 64) & 1 == 1;
+        }
+        // Speculative decodes accept a pseudo-random prefix of their drafts.
+        let decodes = out.iter_mut().skip(plan.prefill.len());
+        for (k, (output, d)) in decodes.zip(&plan.decode).enumerate() {
+            let accepted = (w.stops >> (k % 64)) as usize % (d.draft_tokens + 1);
+            output.accepted_drafts = vec![3; accepted];
         }
         let report = s
             .apply(&out)

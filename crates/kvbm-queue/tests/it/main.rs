@@ -23,6 +23,8 @@ mod scheduler_model;
 mod select;
 mod send_sync;
 mod spec;
+#[cfg(not(kvbm_loom))]
+mod speculative;
 mod stress;
 
 use kvbm_queue::{Priority, QueueConfig, Request, RequestQueue};

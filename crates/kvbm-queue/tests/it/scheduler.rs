@@ -396,21 +396,28 @@ fn apply_refuses_outputs_that_do_not_match_the_plan_and_changes_nothing() {
     let good = outputs(&plan);
     let (one, two) = (RequestId(1), RequestId(2));
     let cases = [
-        (vec![good[0]], SchedulerError::MissingOutput { id: two }),
         (
-            vec![good[0], good[1], good[1]],
+            vec![good[0].clone()],
+            SchedulerError::MissingOutput { id: two },
+        ),
+        (
+            vec![good[0].clone(), good[1].clone(), good[1].clone()],
             SchedulerError::DuplicateOutput { id: two },
         ),
         (
-            vec![good[0], good[1], EngineOutput::token(RequestId(9), 1)],
+            vec![
+                good[0].clone(),
+                good[1].clone(),
+                EngineOutput::token(RequestId(9), 1),
+            ],
             SchedulerError::UnexpectedOutput { id: RequestId(9) },
         ),
         (
-            vec![EngineOutput::token(one, 1), good[1]],
+            vec![EngineOutput::token(one, 1), good[1].clone()],
             SchedulerError::UnexpectedToken { id: one },
         ),
         (
-            vec![good[0], EngineOutput::no_token(two)],
+            vec![good[0].clone(), EngineOutput::no_token(two)],
             SchedulerError::MissingToken { id: two },
         ),
     ];

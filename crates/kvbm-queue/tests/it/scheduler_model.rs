@@ -1,9 +1,10 @@
 //! Random drives of the `Scheduler`: submissions with shared prefixes,
-//! steps with random engine stops, aborts (also between plan and apply) and
+//! steps with random engine stops and (with speculative decoding) random
+//! numbers of accepted drafts, aborts (also between plan and apply) and
 //! cancellations. After every operation both conservation laws must hold
 //! (`audit`), every planned request must be running exactly once, and the
 //! engine's block tables, rebuilt only from the plans' deltas, must equal
-//! the scheduler's. Every run then drains: everything submitted finishes or
+//! the scheduler's (rolled-back blocks included). Every run then drains: everything submitted finishes or
 //! is aborted, and every block is back.
 
 use std::collections::HashMap;
@@ -11,7 +12,7 @@ use std::collections::HashMap;
 use kvbm_blocks::BlockId;
 use kvbm_queue::{
     EngineOutput, GenerationReserve, InferenceRequest, Priority, RequestId, Scheduler,
-    SchedulerConfig, StepPlan,
+    SchedulerConfig, StepPlan, StepReport,
 };
 use proptest::prelude::*;
 
@@ -73,24 +74,36 @@ impl Engine {
         for (k, p) in plan.prefill.iter().enumerate() {
             self.extend(p.id, &p.new_blocks, p.resumed);
             out.push(match p.emits_token {
-                true => EngineOutput {
-                    id: p.id,
-                    token: Some(7),
-                    stop: stops >> (k % 16) & 1 == 1,
-                },
+                true if stops >> (k % 16) & 1 == 1 => EngineOutput::stop(p.id, 7),
+                true => EngineOutput::token(p.id, 7),
                 false => EngineOutput::no_token(p.id),
             });
         }
         for (k, d) in plan.decode.iter().enumerate() {
             self.extend(d.id, &d.new_blocks, d.resumed);
             let stop = stops >> ((k + 5) % 16) & 1 == 1 && stops & 0b11 == 0;
-            out.push(EngineOutput {
-                id: d.id,
-                token: Some(9),
-                stop,
-            });
+            // Accept a pseudo-random prefix of the drafts: none to all.
+            let accepted = (usize::from(stops) >> (k % 8)) % (d.draft_tokens + 1);
+            let output = EngineOutput::speculative(d.id, vec![11; accepted], 9);
+            out.push(if stop { output.with_stop() } else { output });
         }
         out
+    }
+
+    /// Drops the blocks a speculative step gave back from the tables' ends.
+    fn roll_back(&mut self, report: &StepReport) -> Result<(), TestCaseError> {
+        for rolled in &report.rolled_back {
+            let table = self.tables.entry(rolled.id).or_default();
+            for block in &rolled.blocks {
+                prop_assert_eq!(
+                    table.pop(),
+                    Some(*block),
+                    "{} rolled back out of order",
+                    rolled.id
+                );
+            }
+        }
+        Ok(())
     }
 
     fn extend(&mut self, id: RequestId, blocks: &[BlockId], resumed: bool) {
@@ -124,9 +137,15 @@ fn check(
             prop_assert_eq!(engine.tables.get(&id), Some(&table), "{} table drifted", id);
         }
         prop_assert!(plan.num_tokens() <= s.config().token_budget);
+        for d in &plan.decode {
+            prop_assert!(d.draft_tokens <= s.config().speculative_tokens);
+        }
         // The slot mapping agrees with the tables the engine rebuilt.
         let ranges = plan.prefill.iter().map(|p| (p.id, p.start, p.num_tokens));
-        let decodes = plan.decode.iter().map(|d| (d.id, d.position, 1));
+        let decodes = plan
+            .decode
+            .iter()
+            .map(|d| (d.id, d.position, d.num_tokens()));
         let mut expected = Vec::new();
         for (id, start, tokens) in ranges.chain(decodes) {
             let table = &engine.tables[&id];
@@ -143,7 +162,48 @@ fn check(
     Ok(())
 }
 
-fn drive(blocks: usize, capped: bool, ops: &[Op]) -> Result<(), TestCaseError> {
+/// Applies `outputs`, then checks the report against them: tokens gained,
+/// drafts accepted, and the engine's tables after the rollbacks.
+fn apply(
+    s: &mut Scheduler<Gpu>,
+    engine: &mut Engine,
+    outputs: &[EngineOutput],
+) -> Result<(), TestCaseError> {
+    let before: HashMap<RequestId, usize> = outputs
+        .iter()
+        .filter_map(|o| Some((o.id, s.tokens(o.id)?.len())))
+        .collect();
+    let report = s
+        .apply(outputs)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    engine.roll_back(&report)?;
+    let mut accepted = 0;
+    for output in outputs {
+        let Some(&len) = before.get(&output.id) else {
+            continue;
+        };
+        accepted += output.accepted_drafts.len();
+        let Some(tokens) = s.tokens(output.id) else {
+            continue;
+        };
+        prop_assert_eq!(tokens.len(), len + output.num_tokens());
+        if output.token.is_some() {
+            let table = s.block_table(output.id).unwrap_or_default();
+            // Blocks cover the computed tokens (all but the new tail), and
+            // none lies beyond the tail's slot.
+            prop_assert!(table.len() * BS >= tokens.len() - 1);
+            prop_assert!(
+                table.len() <= tokens.len() / BS + 1,
+                "{} kept rejected blocks",
+                output.id
+            );
+        }
+    }
+    prop_assert_eq!(report.accepted_draft_tokens, accepted);
+    Ok(())
+}
+
+fn drive(blocks: usize, capped: bool, spec: usize, ops: &[Op]) -> Result<(), TestCaseError> {
     let reserve = if capped {
         GenerationReserve::Capped(0)
     } else {
@@ -153,7 +213,8 @@ fn drive(blocks: usize, capped: bool, ops: &[Op]) -> Result<(), TestCaseError> {
         .with_chunk_size(6)
         .with_token_budget(16)
         .with_max_running(3)
-        .with_reserve(reserve);
+        .with_reserve(reserve)
+        .with_speculative_tokens(spec);
     let mut s = scheduler(blocks, config);
     let mut engine = Engine::default();
     for op in ops {
@@ -175,8 +236,7 @@ fn drive(blocks: usize, capped: bool, ops: &[Op]) -> Result<(), TestCaseError> {
                 let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let outputs = engine.outputs(&plan, stops);
                 check(&s, Some(&plan), &engine)?;
-                s.apply(&outputs)
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                apply(&mut s, &mut engine, &outputs)?;
                 check(&s, None, &engine)?;
             }
             Op::StepAbortingMidway { victim, stops } => {
@@ -188,8 +248,7 @@ fn drive(blocks: usize, capped: bool, ops: &[Op]) -> Result<(), TestCaseError> {
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     check(&s, None, &engine)?;
                 }
-                s.apply(&outputs)
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                apply(&mut s, &mut engine, &outputs)?;
                 check(&s, None, &engine)?;
             }
             Op::Abort(id) => {
@@ -210,8 +269,7 @@ fn drive(blocks: usize, capped: bool, ops: &[Op]) -> Result<(), TestCaseError> {
         let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let outputs = engine.outputs(&plan, 0);
         check(&s, Some(&plan), &engine)?;
-        s.apply(&outputs)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        apply(&mut s, &mut engine, &outputs)?;
     }
     prop_assert!(s.is_idle(), "did not drain: {:?}", s);
     let census = s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -227,9 +285,10 @@ proptest! {
     fn scheduler_conserves_requests_and_blocks(
         blocks in 6usize..24,
         capped in any::<bool>(),
+        spec in prop_oneof![2 => Just(0usize), 1 => 1usize..6],
         ops in prop::collection::vec(op(), 1..60),
     ) {
         prop_assume!(blocks * BS >= 8);
-        drive(blocks, capped, &ops)?;
+        drive(blocks, capped, spec, &ops)?;
     }
 }
