@@ -2,6 +2,7 @@
 //! and aging policies.
 
 use crate::{KvLayout, Priority, QueueError};
+use std::time::Duration;
 
 /// How many generated tokens a request's KV cost reserves at admission.
 ///
@@ -59,6 +60,11 @@ pub enum Selection {
 }
 
 /// How priority and arrival order combine into service order.
+///
+/// Every policy gives a queued request one ordering key, fixed while it
+/// waits: its *rank*, smaller first. Priority counts as a head start in rank
+/// units; a preemption boost ([`RequestQueue::restore_boosted`](crate::RequestQueue::restore_boosted))
+/// takes priority steps off the rank, at most [`MAX_BOOST_STEPS`] in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Aging {
     /// Strict priority: a request is served only when nothing more urgent is
@@ -71,15 +77,49 @@ pub enum Aging {
     /// `3 × w`, `Critical` by none), so nothing starves. `Window(0)` is plain
     /// FIFO.
     Window(u64),
+    /// Priority as a head start measured in time: waiting `step` raises a
+    /// request's urgency by one priority step (an aging rate of `1 / step`
+    /// priority steps per second). A request `s` steps below `Critical` is
+    /// overtaken only by requests that arrive less than `s × step` after it,
+    /// however many. Arrival times come from
+    /// [`Request::arrival`](crate::Request::arrival), or the queue's clock at
+    /// enqueue.
+    Timed {
+        /// Waiting time worth one priority step.
+        step: Duration,
+    },
 }
 
+/// The most priority steps preemption boosts may add to one request's
+/// urgency: the span from [`Priority::Low`] to [`Priority::Critical`], so a
+/// boosted request can draw level with a `Critical` one that arrived with it,
+/// never pass it.
+pub const MAX_BOOST_STEPS: u32 = 3;
+
 impl Aging {
-    /// The first part of a request's service key `(rank, priority, seq)`; smaller first.
-    pub(crate) fn rank(self, priority: Priority, seq: u64) -> u64 {
+    /// The first part of a request's service key `(rank, priority, seq)`;
+    /// smaller first. `arrival_nanos` only matters for [`Aging::Timed`].
+    pub(crate) fn rank(self, priority: Priority, seq: u64, arrival_nanos: u64) -> u64 {
+        let head_start = priority.steps_below_max().saturating_mul(self.step_rank());
         match self {
-            Aging::Strict => priority.steps_below_max(),
-            Aging::Window(w) => seq.saturating_add(priority.steps_below_max().saturating_mul(w)),
+            Aging::Strict => head_start,
+            Aging::Window(_) => seq.saturating_add(head_start),
+            Aging::Timed { .. } => arrival_nanos.saturating_add(head_start),
         }
+    }
+
+    /// Rank units one priority step is worth.
+    pub(crate) fn step_rank(self) -> u64 {
+        match self {
+            Aging::Strict => 1,
+            Aging::Window(w) => w,
+            Aging::Timed { step } => u64::try_from(step.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Whether ranks depend on arrival times.
+    pub(crate) fn is_timed(self) -> bool {
+        matches!(self, Aging::Timed { .. })
     }
 }
 

@@ -166,7 +166,7 @@ mod stats;
 mod sync;
 
 pub use batch::{Admitted, Batch};
-pub use config::{Aging, GenerationReserve, QueueConfig, Selection};
+pub use config::{Aging, GenerationReserve, MAX_BOOST_STEPS, QueueConfig, Selection};
 pub use error::{QueueError, Rejected, SchedulerError};
 pub use handles::{CancelHandle, Ticket, WaitToken};
 pub use layout::KvLayout;

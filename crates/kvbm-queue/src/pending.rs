@@ -16,8 +16,8 @@
 
 use std::collections::HashMap;
 
-use crate::Request;
 use crate::request::Priority;
+use crate::{Aging, MAX_BOOST_STEPS, Request};
 
 /// "No slot": the end of a list or of the free list.
 const NIL: usize = usize::MAX;
@@ -36,6 +36,8 @@ pub(crate) struct Entry<R: Request> {
     pub(crate) blocks: u64,
     /// Selections that passed this request over (skip-ahead only).
     pub(crate) bypassed: u32,
+    /// Priority steps preemption boosts took off `rank` so far.
+    pub(crate) boost: u32,
 }
 
 impl<R: Request> Entry<R> {
@@ -43,6 +45,17 @@ impl<R: Request> Entry<R> {
     /// aging window's bound is exact), then arrival.
     fn key(&self) -> (u64, u64, u64) {
         (self.rank, self.priority.steps_below_max(), self.seq)
+    }
+
+    /// Raises its urgency by `steps` priority steps, as far as
+    /// [`MAX_BOOST_STEPS`] allows in all.
+    pub(crate) fn boost(&mut self, steps: u32, aging: Aging) {
+        let boost = self.boost.saturating_add(steps).min(MAX_BOOST_STEPS);
+        let added = u64::from(boost - self.boost);
+        self.rank = self
+            .rank
+            .saturating_sub(added.saturating_mul(aging.step_rank()));
+        self.boost = boost;
     }
 }
 
@@ -81,6 +94,9 @@ pub(crate) struct Pending<R: Request> {
     finger: usize,
     /// Whether ranks are plain priority steps ([`Aging::Strict`](crate::Aging::Strict)).
     strict: bool,
+    /// Queued requests with a preemption boost: while there are any, list
+    /// order alone does not decide under `strict`.
+    boosted: usize,
     levels: [Ends; LEVELS],
     index: HashMap<R::Id, usize, foldhash::fast::RandomState>,
 }
@@ -100,6 +116,7 @@ impl<R: Request> Pending<R> {
             free: NIL,
             finger: NIL,
             strict,
+            boosted: 0,
             levels: [EMPTY; LEVELS],
             index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
         }
@@ -143,7 +160,8 @@ impl<R: Request> Pending<R> {
     pub(crate) fn insert(&mut self, entry: Entry<R>) -> Result<(), Entry<R>> {
         use std::collections::hash_map::Entry as MapEntry;
         let level = entry.priority.index();
-        let seq = entry.seq;
+        let key = entry.key();
+        let boosted = entry.boost > 0;
         // Find the slot this entry will take before touching the index, so a
         // duplicate leaves everything as it was.
         let slot = if self.free == NIL {
@@ -157,24 +175,24 @@ impl<R: Request> Pending<R> {
                 vacant.insert(slot);
             }
         }
-        // The node goes before the first node with a larger seq; appends (every
-        // fresh enqueue) find that at once by looking at the tail. Restores
-        // walk, from the last restored node if it lies ahead of this one (a
-        // batch restored in order then costs O(1) per request), else from
-        // the head.
+        // The node goes before the first node with a larger key; appends
+        // (every fresh enqueue in arrival order) find that at once by looking
+        // at the tail. Restores walk, from the last restored node if it lies
+        // ahead of this one (a batch restored in order then costs O(1) per
+        // request), else from the head.
         let ends = self.levels[level];
-        let before = if ends.tail == NIL || self.node(ends.tail).entry.seq < seq {
+        let before = if ends.tail == NIL || self.node(ends.tail).entry.key() < key {
             NIL
         } else {
             let mut at = match self.slots.get(self.finger) {
                 Some(Slot::Occupied(node))
-                    if node.entry.priority.index() == level && node.entry.seq < seq =>
+                    if node.entry.priority.index() == level && node.entry.key() < key =>
                 {
                     self.finger
                 }
                 _ => ends.head,
             };
-            while at != NIL && self.node(at).entry.seq < seq {
+            while at != NIL && self.node(at).entry.key() < key {
                 at = self.node(at).next;
             }
             self.finger = slot;
@@ -208,6 +226,7 @@ impl<R: Request> Pending<R> {
         } else {
             self.node_mut(before).prev = slot;
         }
+        self.boosted += usize::from(boosted);
         Ok(())
     }
 
@@ -218,7 +237,7 @@ impl<R: Request> Pending<R> {
 
     /// The slot with the smallest key among `candidates` (one per list).
     fn min_of(&self, candidates: [usize; LEVELS]) -> Option<usize> {
-        if self.strict {
+        if self.strict && self.boosted == 0 {
             // Strict priority: the most urgent non-empty list wins, without
             // touching (and missing the cache on) the candidate nodes.
             return candidates.into_iter().rev().find(|&slot| slot != NIL);
@@ -272,6 +291,7 @@ impl<R: Request> Pending<R> {
         }
         let removed = self.index.remove(&node.entry.id);
         debug_assert_eq!(removed, Some(slot), "index and lists disagree");
+        self.boosted -= usize::from(node.entry.boost > 0);
         node.entry
     }
 
@@ -328,7 +348,7 @@ impl<R: Request> Pending<R> {
         out
     }
 
-    /// Recounts the structure: every list linked both ways and sorted by seq,
+    /// Recounts the structure: every list linked both ways and sorted by key,
     /// every node indexed under its id, every other slot on the free list.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
@@ -344,8 +364,8 @@ impl<R: Request> Pending<R> {
                 if node.entry.priority.index() != level {
                     return Err(format!("slot {at} on the wrong list"));
                 }
-                if prev != NIL && self.node(prev).entry.seq >= node.entry.seq {
-                    return Err(format!("list {level} not sorted by seq at slot {at}"));
+                if prev != NIL && self.node(prev).entry.key() >= node.entry.key() {
+                    return Err(format!("list {level} not sorted by key at slot {at}"));
                 }
                 if self.index.get(&node.entry.id) != Some(&at) {
                     return Err(format!("slot {at} not indexed under its id"));

@@ -119,14 +119,21 @@ impl<R: Request> RequestQueue<R> {
             return Err(Rejected::new(QueueError::Closed, request));
         }
         let seq = inner.next_seq;
+        let aging = config.aging();
+        let arrival_nanos = match (aging.is_timed(), request.arrival()) {
+            (false, _) => 0,
+            (true, Some(at)) => u64::try_from(at.as_nanos()).unwrap_or(u64::MAX),
+            (true, None) => inner.elapsed_nanos(),
+        };
         let entry = Entry {
             request,
             id,
             priority,
             seq,
-            rank: config.aging().rank(priority, seq),
+            rank: aging.rank(priority, seq, arrival_nanos),
             blocks,
             bypassed: 0,
+            boost: 0,
         };
         if let Err(entry) = inner.pending.insert(entry) {
             drop(inner);
@@ -460,6 +467,24 @@ impl<R: Request> RequestQueue<R> {
     /// [`QueueError::Closed`] after [`close`](Self::close), or
     /// [`QueueError::Duplicate`] if its id was queued again meanwhile.
     pub fn restore(&self, admitted: Admitted<R>) -> Result<(), Rejected<Admitted<R>>> {
+        self.restore_boosted(admitted, 0)
+    }
+
+    /// [`restore`](Self::restore), raising the request's urgency by
+    /// `priority_steps` priority steps (what a preemption boost does): its
+    /// rank drops by what that many priority steps are worth under the
+    /// queue's [`Aging`](crate::Aging). A request's boosts add up to at most
+    /// [`MAX_BOOST_STEPS`](crate::MAX_BOOST_STEPS); it keeps them if it is
+    /// restored again.
+    ///
+    /// # Errors
+    ///
+    /// As [`restore`](Self::restore); a refused request is not boosted.
+    pub fn restore_boosted(
+        &self,
+        mut admitted: Admitted<R>,
+        priority_steps: u32,
+    ) -> Result<(), Rejected<Admitted<R>>> {
         if admitted.queue_id != self.shared.queue_id {
             return Err(Rejected::new(QueueError::ForeignQueue, admitted));
         }
@@ -470,8 +495,13 @@ impl<R: Request> RequestQueue<R> {
             return Err(Rejected::new(QueueError::Closed, admitted));
         }
         let (id, seq) = (admitted.entry.id, admitted.entry.seq);
-        if let Err(entry) = inner.pending.insert(admitted.entry) {
+        let unboosted = (admitted.entry.rank, admitted.entry.boost);
+        admitted
+            .entry
+            .boost(priority_steps, self.shared.config.aging());
+        if let Err(mut entry) = inner.pending.insert(admitted.entry) {
             drop(inner);
+            (entry.rank, entry.boost) = unboosted;
             return Err(Rejected::new(
                 QueueError::Duplicate,
                 Admitted { entry, queue_id },

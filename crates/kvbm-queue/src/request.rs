@@ -70,4 +70,12 @@ pub trait Request {
 
     /// The most tokens this request may generate.
     fn max_new_tokens(&self) -> u32;
+
+    /// When it arrived, as time since the queue was built, for
+    /// [`Aging::Timed`](crate::Aging::Timed); `None` (the default) means
+    /// "now", read from the queue's clock at enqueue. A simulator passes
+    /// simulated time here. Other aging policies ignore it.
+    fn arrival(&self) -> Option<std::time::Duration> {
+        None
+    }
 }

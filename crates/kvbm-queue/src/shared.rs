@@ -20,7 +20,7 @@
 //! 5. `tracing` events are emitted after unlocking.
 
 use crate::pending::Pending;
-use crate::sync::{CachePadded, Clock, Condvar, Epoch, Mutex, MutexGuard, lock};
+use crate::sync::{CachePadded, Clock, Condvar, Epoch, Instant, Mutex, MutexGuard, lock};
 use crate::{QueueConfig, QueueStats, Request, Ticket};
 
 pub(crate) struct Inner<R: Request> {
@@ -30,10 +30,18 @@ pub(crate) struct Inner<R: Request> {
     /// Consumers blocked on `not_empty` right now.
     pub(crate) waiters: usize,
     pub(crate) clock: Clock,
+    /// The clock when the queue was built: arrival times count from here.
+    pub(crate) started: Instant,
     pub(crate) stats: QueueStats,
 }
 
 impl<R: Request> Inner<R> {
+    /// Nanoseconds since the queue was built (saturating).
+    pub(crate) fn elapsed_nanos(&self) -> u64 {
+        let elapsed = self.clock.now().saturating_duration_since(self.started);
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn stats(&self) -> QueueStats {
         QueueStats {
             len: self.pending.len(),
@@ -57,6 +65,8 @@ pub(crate) struct Shared<R: Request> {
 
 impl<R: Request> Shared<R> {
     pub(crate) fn new(config: QueueConfig, bytes_per_block: Option<u64>, queue_id: u64) -> Self {
+        let clock = Clock::new();
+        let started = clock.now();
         Self {
             inner: CachePadded(Mutex::new(Inner {
                 pending: Pending::with_capacity(
@@ -66,7 +76,8 @@ impl<R: Request> Shared<R> {
                 next_seq: 0,
                 closed: false,
                 waiters: 0,
-                clock: Clock::new(),
+                clock,
+                started,
                 stats: QueueStats::default(),
             })),
             not_empty: Condvar::new(),

@@ -22,23 +22,33 @@ impl Request for T {
     }
 }
 
-fn entry(id: u8, priority: Priority, seq: u64, aging: Aging) -> Entry<T> {
-    Entry {
+/// An entry that arrived `seq`-th (at `7 × seq` ns) and was boosted by
+/// `boost` priority steps.
+fn boosted(id: u8, priority: Priority, seq: u64, boost: u32, aging: Aging) -> Entry<T> {
+    let mut entry = Entry {
         request: T(id),
         id,
         priority,
         seq,
-        rank: aging.rank(priority, seq),
+        rank: aging.rank(priority, seq, seq * 7),
         blocks: 0,
         bypassed: 0,
-    }
+        boost: 0,
+    };
+    entry.boost(boost, aging);
+    entry
+}
+
+fn entry(id: u8, priority: Priority, seq: u64, aging: Aging) -> Entry<T> {
+    boosted(id, priority, seq, 0, aging)
 }
 
 #[derive(Debug, Clone)]
 enum Op {
     Insert(u8, usize),
-    /// Re-insert the `n`-th most recently taken entry at its old seq.
-    Reinsert(usize),
+    /// Re-insert the `n`-th most recently taken entry at its old seq,
+    /// boosted by some more priority steps.
+    Reinsert(usize, u32),
     Pop,
     Remove(u8),
     RemoveInstance(u8, u64),
@@ -49,7 +59,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..8u8, 0..4usize).prop_map(|(id, p)| Op::Insert(id, p)),
-        2 => (0..4usize).prop_map(Op::Reinsert),
+        2 => (0..4usize, prop_oneof![2 => Just(0u32), 1 => 0u32..5]).prop_map(|(n, b)| Op::Reinsert(n, b)),
         2 => Just(Op::Pop),
         1 => (0..8u8).prop_map(Op::Remove),
         1 => (0..8u8, 0..40u64).prop_map(|(id, seq)| Op::RemoveInstance(id, seq)),
@@ -58,17 +68,21 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// (id, priority, seq) in service order.
-type Model = Vec<(u8, Priority, u64)>;
+/// (id, priority, seq, boost) in service order.
+type Model = Vec<(u8, Priority, u64, u32)>;
 
 fn sort(model: &mut Model, aging: Aging) {
-    model.sort_by_key(|&(_, p, seq)| (aging.rank(p, seq), p.steps_below_max(), seq));
+    model.sort_by_key(|&(id, p, seq, boost)| boosted(id, p, seq, boost, aging).key());
+}
+
+fn fields(e: Entry<T>) -> (u8, Priority, u64, u32) {
+    (e.id, e.priority, e.seq, e.boost)
 }
 
 fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {
     let mut pending = Pending::<T>::new(aging == Aging::Strict);
     let mut model: Model = Vec::new();
-    let mut taken: Vec<(u8, Priority, u64)> = Vec::new();
+    let mut taken: Model = Vec::new();
     let mut next_seq = 0;
     for op in ops {
         match op {
@@ -78,29 +92,32 @@ fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {
                 let result = pending.insert(entry(id, priority, next_seq, aging));
                 prop_assert_eq!(result.is_err(), dup);
                 if !dup {
-                    model.push((id, priority, next_seq));
+                    model.push((id, priority, next_seq, 0));
                 }
                 next_seq += 1;
             }
-            Op::Reinsert(n) => {
+            Op::Reinsert(n, more) => {
                 if n < taken.len() {
-                    let (id, priority, seq) = taken.remove(taken.len() - 1 - n);
+                    let (id, priority, seq, boost) = taken.remove(taken.len() - 1 - n);
                     let dup = model.iter().any(|m| m.0 == id);
-                    let result = pending.insert(entry(id, priority, seq, aging));
+                    let entry = boosted(id, priority, seq, boost + more, aging);
+                    prop_assert!(entry.boost <= crate::MAX_BOOST_STEPS);
+                    let boost = entry.boost;
+                    let result = pending.insert(entry);
                     prop_assert_eq!(result.is_err(), dup);
                     if !dup {
-                        model.push((id, priority, seq));
+                        model.push((id, priority, seq, boost));
                     }
                 }
             }
             Op::Pop => {
-                let got = pending.pop_front().map(|e| (e.id, e.priority, e.seq));
+                let got = pending.pop_front().map(fields);
                 let want = (!model.is_empty()).then(|| model.remove(0));
                 prop_assert_eq!(got, want);
                 taken.extend(got);
             }
             Op::Remove(id) => {
-                let got = pending.remove(id).map(|e| (e.id, e.priority, e.seq));
+                let got = pending.remove(id).map(fields);
                 let want = model
                     .iter()
                     .position(|m| m.0 == id)
@@ -109,9 +126,7 @@ fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {
                 taken.extend(got);
             }
             Op::RemoveInstance(id, seq) => {
-                let got = pending
-                    .remove_instance(id, seq)
-                    .map(|e| (e.id, e.priority, e.seq));
+                let got = pending.remove_instance(id, seq).map(fields);
                 let want = model
                     .iter()
                     .position(|m| m.0 == id && m.2 == seq)
@@ -124,20 +139,13 @@ fn run(ops: Vec<Op>, aging: Aging) -> Result<(), TestCaseError> {
                 for _ in 0..=n {
                     slot = pending.next_in_order(&mut cursor);
                 }
-                let got = slot.map(|s| {
-                    let e = pending.take(s);
-                    (e.id, e.priority, e.seq)
-                });
+                let got = slot.map(|s| fields(pending.take(s)));
                 let want = (n < model.len()).then(|| model.remove(n));
                 prop_assert_eq!(got, want);
                 taken.extend(got);
             }
             Op::Drain => {
-                let got: Model = pending
-                    .drain()
-                    .into_iter()
-                    .map(|e| (e.id, e.priority, e.seq))
-                    .collect();
+                let got: Model = pending.drain().into_iter().map(fields).collect();
                 prop_assert_eq!(&got, &model);
                 taken.extend(got);
                 model.clear();
@@ -161,6 +169,11 @@ proptest! {
     #[test]
     fn pending_matches_sorted_vec_aging(ops in prop::collection::vec(op(), 0..60), w in 0..4u64) {
         run(ops, Aging::Window(w))?;
+    }
+
+    #[test]
+    fn pending_matches_sorted_vec_timed(ops in prop::collection::vec(op(), 0..60), ns in 0..40u64) {
+        run(ops, Aging::Timed { step: std::time::Duration::from_nanos(ns) })?;
     }
 }
 

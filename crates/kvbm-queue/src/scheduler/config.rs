@@ -26,8 +26,20 @@ pub struct SchedulerConfig {
     /// How priority and arrival order combine in the waiting queue. The
     /// default, [`Aging::Strict`], lets a steady stream of urgent requests
     /// starve less urgent ones; [`Aging::Window`] bounds how many later
-    /// arrivals may overtake a request, so every request is admitted.
+    /// arrivals may overtake a request, and [`Aging::Timed`] how long it
+    /// waits (waiting raises its urgency at a fixed rate), so every request
+    /// is admitted.
     pub aging: Aging,
+    /// Priority steps a preempted request's urgency rises each time it is
+    /// preempted (vLLM issue 41951), at most
+    /// [`MAX_BOOST_STEPS`](crate::MAX_BOOST_STEPS) in all; 0 (the default)
+    /// leaves it at its place. It shares the aging key: one step is worth
+    /// what `aging` makes a priority step (a priority level under
+    /// [`Aging::Strict`], `w` arrivals under [`Aging::Window`], `step` of
+    /// waiting under [`Aging::Timed`]), so a request preempted again and
+    /// again is resumed ahead of fresh arrivals of its own priority, and
+    /// never ahead of a `Critical` one that waited as long.
+    pub preemption_boost: u32,
     /// Whether admission may preempt running requests for a more urgent
     /// waiting one (running requests that run out of blocks preempt the least
     /// important running request either way).
@@ -70,6 +82,7 @@ impl Default for SchedulerConfig {
             selection: Selection::HeadOfLine,
             aging: Aging::Strict,
             preemption: Preemption::Never,
+            preemption_boost: 0,
             speculative_tokens: 0,
         }
     }
@@ -121,6 +134,12 @@ impl SchedulerConfig {
     /// Sets [`preemption`](Self::preemption).
     pub fn with_preemption(mut self, preemption: Preemption) -> Self {
         self.preemption = preemption;
+        self
+    }
+
+    /// Sets [`preemption_boost`](Self::preemption_boost).
+    pub fn with_preemption_boost(mut self, priority_steps: u32) -> Self {
+        self.preemption_boost = priority_steps;
         self
     }
 

@@ -21,7 +21,7 @@ impl<M> Scheduler<M> {
         debug_assert!(released.is_ok(), "preempted {id} mid-step");
         self.counters.preemptions += 1;
         plan.preempted.push(id);
-        self.requeue(admitted, Some(seq));
+        self.requeue_boosted(admitted, Some(seq), self.config.preemption_boost);
         debug!(%id, "preempted");
     }
 
@@ -32,8 +32,19 @@ impl<M> Scheduler<M> {
         admitted: Admitted<InferenceRequest>,
         seq: Option<SchedulableSequence<M>>,
     ) {
+        self.requeue_boosted(admitted, seq, 0);
+    }
+
+    /// [`requeue`](Self::requeue), raising its urgency by `boost` priority
+    /// steps.
+    fn requeue_boosted(
+        &mut self,
+        admitted: Admitted<InferenceRequest>,
+        seq: Option<SchedulableSequence<M>>,
+        boost: u32,
+    ) {
         let id = admitted.id();
-        match self.queue.restore(admitted) {
+        match self.queue.restore_boosted(admitted, boost) {
             Ok(()) => {
                 if let Some(seq) = seq.filter(|seq| seq.generated_tokens() > 0) {
                     self.parked.insert(id, seq);

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvbm_sequence::Salt;
 
@@ -28,6 +29,7 @@ pub struct InferenceRequest {
     prompt: Arc<[u32]>,
     max_new_tokens: u32,
     salt: Salt,
+    arrival: Option<Duration>,
 }
 
 impl InferenceRequest {
@@ -39,6 +41,7 @@ impl InferenceRequest {
             prompt: prompt.into(),
             max_new_tokens,
             salt: Salt::NONE,
+            arrival: None,
         }
     }
 
@@ -52,6 +55,14 @@ impl InferenceRequest {
     /// only requests with the same salt share prefix blocks.
     pub fn with_salt(mut self, salt: Salt) -> Self {
         self.salt = salt;
+        self
+    }
+
+    /// Sets its arrival time, as time since the scheduler was built, for
+    /// [`Aging::Timed`](crate::Aging::Timed) (a simulator's clock; by default
+    /// the queue reads its own at submission).
+    pub fn with_arrival(mut self, arrival: Duration) -> Self {
+        self.arrival = Some(arrival);
         self
     }
 
@@ -83,6 +94,10 @@ impl Request for InferenceRequest {
 
     fn max_new_tokens(&self) -> u32 {
         self.max_new_tokens
+    }
+
+    fn arrival(&self) -> Option<Duration> {
+        self.arrival
     }
 }
 

@@ -67,7 +67,13 @@ fn queue_config() -> impl Strategy<Value = QueueConfig> {
             max_bypass
         })
     ];
-    let aging = prop_oneof![Just(Aging::Strict), extreme_u64().prop_map(Aging::Window)];
+    let aging = prop_oneof![
+        Just(Aging::Strict),
+        extreme_u64().prop_map(Aging::Window),
+        extreme_u64().prop_map(|ns| Aging::Timed {
+            step: std::time::Duration::from_nanos(ns)
+        }),
+    ];
     let layout = prop::option::of((extreme_u32(), extreme_u32(), extreme_u32(), extreme_u32()));
     (
         extreme_u32(),
@@ -112,6 +118,8 @@ enum QueueOp {
         keep: usize,
         /// Restore into the other queue (refused as foreign).
         foreign: bool,
+        /// Priority steps of preemption boost on the way back.
+        boost: u32,
     },
     SelectBytes {
         max_count: usize,
@@ -128,8 +136,8 @@ fn queue_op() -> impl Strategy<Value = QueueOp> {
         2 => Just(QueueOp::TryDequeue),
         2 => (0u32..16).prop_map(QueueOp::Remove),
         2 => any::<usize>().prop_map(QueueOp::Cancel),
-        3 => (extreme_usize(), extreme_u64(), 0usize..8, any::<bool>())
-            .prop_map(|(max_count, budget, keep, foreign)| QueueOp::SelectAndRestore { max_count, budget, keep, foreign }),
+        3 => (extreme_usize(), extreme_u64(), 0usize..8, any::<bool>(), extreme_u32())
+            .prop_map(|(max_count, budget, keep, foreign, boost)| QueueOp::SelectAndRestore { max_count, budget, keep, foreign, boost }),
         1 => (extreme_usize(), extreme_u64()).prop_map(|(max_count, bytes)| QueueOp::SelectBytes { max_count, bytes }),
         1 => Just(QueueOp::Clear),
         1 => Just(QueueOp::Close),
@@ -206,6 +214,7 @@ fn apply_queue_op(
             budget,
             keep,
             foreign,
+            boost,
         } => {
             let mut batch = queue.select_batch(max_count, budget);
             prop_assert!(batch.len() <= max_count);
@@ -216,7 +225,7 @@ fn apply_queue_op(
             }
             for admitted in back {
                 let target = if foreign { other } else { queue };
-                if let Err(rejected) = target.restore(admitted) {
+                if let Err(rejected) = target.restore_boosted(admitted, boost) {
                     let (error, admitted) = rejected.into_parts();
                     prop_assert!(matches!(
                         error,
@@ -364,20 +373,27 @@ fn sched_config() -> impl Strategy<Value = (usize, usize, SchedulerConfig)> {
         reserve,
         watermark,
         prop_oneof![Just(Preemption::Never), Just(Preemption::ByPriority)],
-        prop_oneof![Just(Aging::Strict), extreme_u64().prop_map(Aging::Window)],
+        prop_oneof![
+            Just(Aging::Strict),
+            extreme_u64().prop_map(Aging::Window),
+            extreme_u64().prop_map(|ns| Aging::Timed {
+                step: std::time::Duration::from_nanos(ns)
+            }),
+        ],
     );
     let drafts = prop_oneof![2 => Just(0usize), 1 => limit()];
+    let boost = prop_oneof![Just(0u32), 1u32..4, Just(u32::MAX)];
     (
         block_size,
         blocks,
-        (limit(), limit(), limit(), drafts),
+        (limit(), limit(), limit(), drafts, boost),
         policies,
     )
         .prop_map(
             |(
                 bs,
                 blocks,
-                (max_running, budget, chunk, drafts),
+                (max_running, budget, chunk, drafts, boost),
                 (reserve, watermark, preemption, aging),
             )| {
                 let mut config = SchedulerConfig::default()
@@ -387,7 +403,8 @@ fn sched_config() -> impl Strategy<Value = (usize, usize, SchedulerConfig)> {
                     .with_reserve(reserve)
                     .with_preemption(preemption)
                     .with_aging(aging)
-                    .with_speculative_tokens(drafts);
+                    .with_speculative_tokens(drafts)
+                    .with_preemption_boost(boost);
                 if let Some(watermark) = watermark {
                     config = config.with_watermark_blocks(watermark);
                 }

@@ -67,11 +67,17 @@ fn workload() -> impl Strategy<Value = Workload> {
         (0u32..24).prop_map(GenerationReserve::Capped)
     ];
     let preemption = prop_oneof![Just(Preemption::Never), Just(Preemption::ByPriority)];
+    let boost = prop_oneof![2 => Just(0u32), 1 => 1u32..5, 1 => Just(u32::MAX)];
     let spec = prop_oneof![2 => Just(0usize), 1 => 1usize..6];
     let limits = (1usize..6, 1usize..40, 1usize..40, 0usize..3, spec);
-    (2usize..16, limits, reserve, preemption)
+    (2usize..16, limits, reserve, (preemption, boost))
         .prop_flat_map(
-            |(blocks, (max_running, budget, chunk, watermark, spec), reserve, preemption)| {
+            |(
+                blocks,
+                (max_running, budget, chunk, watermark, spec),
+                reserve,
+                (preemption, boost),
+            )| {
                 let config = SchedulerConfig::default()
                     .with_max_running(max_running)
                     .with_token_budget(budget)
@@ -79,7 +85,8 @@ fn workload() -> impl Strategy<Value = Workload> {
                     .with_watermark_blocks(watermark)
                     .with_reserve(reserve)
                     .with_preemption(preemption)
-                    .with_speculative_tokens(spec);
+                    .with_speculative_tokens(spec)
+                    .with_preemption_boost(boost);
                 let pool_tokens = blocks as u32 * BS;
                 (
                     Just(blocks),
@@ -222,8 +229,9 @@ proptest! {
 }
 
 /// A `Low` request submitted behind one `High` request, while another `High`
-/// request arrives every step (more than the pool can serve): the step at
-/// which the `Low` one finishes, if it does within `steps`.
+/// request arrives every step (more than the pool can serve; step `n` is at
+/// `n` ms): the step at which the `Low` one finishes, if it does within
+/// `steps`.
 fn low_request_under_urgent_stream(aging: Aging, max_running: usize, steps: u64) -> Option<u64> {
     let config = SchedulerConfig::default()
         .with_max_running(max_running)
@@ -231,15 +239,20 @@ fn low_request_under_urgent_stream(aging: Aging, max_running: usize, steps: u64)
         .with_aging(aging);
     // 8 blocks of 4 tokens; every request costs 3 (8 prompt + 4 generated).
     let mut s = scheduler(8, config);
-    let urgent = |id: u64| {
+    let at = |step: u64| std::time::Duration::from_millis(step);
+    let urgent = |id: u64, step: u64| {
         let prompt: Vec<u32> = (0..8).map(|t| id as u32 * 10 + t).collect();
-        InferenceRequest::new(RequestId(id), prompt, 4).with_priority(Priority::High)
+        InferenceRequest::new(RequestId(id), prompt, 4)
+            .with_priority(Priority::High)
+            .with_arrival(at(step))
     };
-    s.submit(urgent(1)).unwrap();
-    let low = InferenceRequest::new(RequestId(0), vec![9; 8], 4).with_priority(Priority::Low);
+    s.submit(urgent(1, 0)).unwrap();
+    let low = InferenceRequest::new(RequestId(0), vec![9; 8], 4)
+        .with_priority(Priority::Low)
+        .with_arrival(at(0));
     s.submit(low).unwrap();
     for step in 0..steps {
-        s.submit(urgent(step + 2)).unwrap();
+        s.submit(urgent(step + 2, step)).unwrap();
         let plan = s.step().unwrap();
         let report = s.apply(&outputs(&plan)).unwrap();
         if let Some(done) = report.finished.iter().find(|f| f.id == RequestId(0)) {
@@ -265,6 +278,21 @@ proptest! {
     fn fuzz_aging_bounds_how_long_a_low_request_waits(w in 0u64..24, max_running in 1usize..4) {
         let bound = 5 * (2 * w + 2) + 5;
         let finished = low_request_under_urgent_stream(Aging::Window(w), max_running, 10 * bound);
+        prop_assert!(
+            finished.is_some_and(|step| step <= bound),
+            "finished at {finished:?}, bound {bound}"
+        );
+    }
+
+    /// `Aging::Timed`, one priority step per `w` ms of waiting, one `High`
+    /// arrival per ms: the `Low` request (two steps below `High`) is
+    /// overtaken only by the `High` requests arriving less than `2w` ms
+    /// after it, at most `2w + 1` of them, so the same bound holds.
+    #[test]
+    fn fuzz_timed_aging_bounds_how_long_a_low_request_waits(w in 0u64..24, max_running in 1usize..4) {
+        let bound = 5 * (2 * w + 3) + 5;
+        let aging = Aging::Timed { step: std::time::Duration::from_millis(w) };
+        let finished = low_request_under_urgent_stream(aging, max_running, 10 * bound);
         prop_assert!(
             finished.is_some_and(|step| step <= bound),
             "finished at {finished:?}, bound {bound}"

@@ -4,6 +4,8 @@
 //! `Scheduler` over the whole stack (hand-worked schedules and a random-driver
 //! proptest). Tracing events are checked in their own binary, `tests/events.rs`.
 
+#[cfg(not(kvbm_loom))]
+mod aging;
 mod defects;
 #[cfg(not(kvbm_loom))]
 mod edges;
