@@ -179,6 +179,10 @@ struct ServeArgs {
     /// Generated tokens admission reserves per request: a cap, or `full`.
     #[arg(long, value_name = "N|full", default_value = "256", value_parser = parse_reserve)]
     reserve: GenerationReserve,
+    /// Charge admission for a request's whole prompt, without credit for
+    /// the prefix it finds cached.
+    #[arg(long)]
+    no_prefix_credit: bool,
     /// Simulated fixed cost of a step, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5.0)]
     step_ms: f64,
@@ -207,7 +211,8 @@ impl ServeArgs {
             .with_max_running(self.max_running)
             .with_token_budget(self.token_budget)
             .with_chunk_size(self.chunk_size)
-            .with_reserve(self.reserve);
+            .with_reserve(self.reserve)
+            .with_prefix_credit(!self.no_prefix_credit);
         if let Some(blocks) = self.watermark_blocks {
             scheduler = scheduler.with_watermark_blocks(blocks);
         }

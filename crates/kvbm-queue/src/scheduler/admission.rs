@@ -5,7 +5,7 @@ use tracing::debug;
 
 use super::running::Running;
 use super::{FinishReason, InferenceRequest, Preemption, Scheduler, StepPlan};
-use crate::{Admitted, Request};
+use crate::{Admitted, Request, Selection};
 
 impl<M> Scheduler<M> {
     /// Admits waiting requests in queue order while slots, tokens and blocks
@@ -13,7 +13,11 @@ impl<M> Scheduler<M> {
     /// queue by preempting less urgent running requests.
     pub(super) fn admit(&mut self, budget: &mut usize, plan: &mut StepPlan) {
         let admitted_before = self.running.len();
-        self.admit_in_order(budget, plan);
+        if self.config.prefix_credit && self.config.selection == Selection::HeadOfLine {
+            self.admit_with_credit(budget, plan);
+        } else {
+            self.admit_in_order(budget, plan);
+        }
         if self.config.preemption == Preemption::ByPriority {
             self.admit_by_priority(admitted_before, budget, plan);
         }
@@ -105,22 +109,31 @@ impl<M> Scheduler<M> {
         budget: &mut usize,
         plan: &mut StepPlan,
     ) -> bool {
-        let id = admitted.id();
-        let mut seq = match self.resume_or_start(&admitted) {
-            Ok(seq) => seq,
+        match self.resume_or_start(&admitted) {
+            Ok(seq) => self.start_seq(admitted, seq, budget, plan),
             Err(err) => {
-                debug!(%id, %err, "request cannot start");
-                plan.finished.push(self.exit(id, FinishReason::Aborted, 0));
-                return true;
+                debug!(id = %admitted.id(), %err, "request cannot start");
+                plan.finished
+                    .push(self.exit(admitted.id(), FinishReason::Aborted, 0));
+                true
             }
-        };
+        }
+    }
+
+    /// Schedules the first chunk of a candidate whose sequence holds its
+    /// cached prefix; as [`start`](Self::start).
+    fn start_seq(
+        &mut self,
+        admitted: Admitted<InferenceRequest>,
+        mut seq: SchedulableSequence<M>,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) -> bool {
+        let id = admitted.id();
         let prompt = seq.total_tokens() as u64;
         let hits = seq.kv_position() as u64;
-        match Running::schedule_seq(
-            &mut seq,
-            &self.manager,
-            self.config.limits(*budget, self.manager.total_blocks()),
-        ) {
+        let limits = self.config.limits(*budget, self.manager.total_blocks());
+        match Running::schedule_seq(&mut seq, &self.manager, limits) {
             Ok(Some(work)) => {
                 *budget -= work.tokens();
                 self.counters.prompt_tokens += prompt;
@@ -145,6 +158,73 @@ impl<M> Scheduler<M> {
                     .push(self.exit(id, FinishReason::Aborted, seq.generated_tokens()));
                 true
             }
+        }
+    }
+
+    /// Head-of-line admission with prefix credit: each candidate, taken
+    /// from the head of the queue one at a time, is charged only the blocks
+    /// its cached prefix does not cover. Matching takes those blocks out of
+    /// the evictable pool (so `admission_room` already counts them), and a
+    /// block another running request holds costs nothing. The blocks
+    /// admitted requests were charged but have not allocated yet stay
+    /// reserved for them (`outstanding`).
+    fn admit_with_credit(&mut self, budget: &mut usize, plan: &mut StepPlan) {
+        let block_size = self.manager.block_size() as u64;
+        let mut outstanding = 0u64;
+        while self.free_slots() > 0 && *budget > 0 {
+            let Some(head) = self.queue.select_batch(1, u64::MAX).split_off(0).pop() else {
+                return;
+            };
+            let Some(cost) = self.admission_cost(&head, plan) else {
+                continue;
+            };
+            // The match never covers the last token, so no more credit
+            // than the blocks before it: hopeless candidates are not matched.
+            let tokens = self.parked.get(&head.id()).map_or_else(
+                || head.request().prompt().len() as u64,
+                |seq| seq.total_tokens() as u64,
+            );
+            let most_credit = tokens.saturating_sub(1) / block_size;
+            let room = self.admission_room().saturating_sub(outstanding);
+            // Nor is the head matched again while the room has not grown
+            // since it last did not fit: that would only churn the cache.
+            let tried = self
+                .blocked_head
+                .is_some_and(|(id, then)| id == head.id() && room <= then);
+            if cost.saturating_sub(most_credit) > room || tried {
+                self.requeue(head, None);
+                return;
+            }
+            let seq = match self.resume_or_start(&head) {
+                Ok(seq) => seq,
+                Err(err) => {
+                    debug!(id = %head.id(), %err, "request cannot start");
+                    plan.finished
+                        .push(self.exit(head.id(), FinishReason::Aborted, 0));
+                    continue;
+                }
+            };
+            let matched = seq.held_blocks() as u64;
+            let charged = cost.saturating_sub(matched);
+            if charged > self.admission_room().saturating_sub(outstanding) {
+                // Parked with its prompt hashed; its blocks go back to the
+                // cache until it is tried again.
+                self.blocked_head = Some((head.id(), room));
+                let mut seq = seq;
+                let _ = seq.release();
+                self.requeue(head, Some(seq));
+                return;
+            }
+            self.blocked_head = None;
+            if !self.start_seq(head, seq, budget, plan) {
+                return;
+            }
+            let allocated = self
+                .running
+                .last()
+                .map_or(0, |r| r.seq.held_blocks() as u64)
+                .saturating_sub(matched);
+            outstanding = outstanding.saturating_add(charged.saturating_sub(allocated));
         }
     }
 

@@ -44,6 +44,15 @@ pub struct SchedulerConfig {
     /// waiting one (running requests that run out of blocks preempt the least
     /// important running request either way).
     pub preemption: Preemption,
+    /// Whether admission credits a request's cached prefix (the default):
+    /// the pool is charged only for the blocks its cached prefix does not
+    /// cover (a cached block another request holds costs nothing; one taken
+    /// from the evictable cache leaves the available count when matched).
+    /// Without it, a request is charged its whole prompt plus reserve.
+    /// Either way the token budget is charged only for tokens computed.
+    /// Applies under [`Selection::HeadOfLine`]; [`Selection::SkipAhead`]'s
+    /// bypass accounting prices requests by the queue's estimate.
+    pub prefix_credit: bool,
     /// Draft tokens each decode verifies (speculative decoding; 0 turns it
     /// off). A decode then computes `1 + speculative_tokens` tokens, all
     /// counted against `token_budget`, and gains 1 to
@@ -83,6 +92,7 @@ impl Default for SchedulerConfig {
             aging: Aging::Strict,
             preemption: Preemption::Never,
             preemption_boost: 0,
+            prefix_credit: true,
             speculative_tokens: 0,
         }
     }
@@ -140,6 +150,12 @@ impl SchedulerConfig {
     /// Sets [`preemption_boost`](Self::preemption_boost).
     pub fn with_preemption_boost(mut self, priority_steps: u32) -> Self {
         self.preemption_boost = priority_steps;
+        self
+    }
+
+    /// Sets [`prefix_credit`](Self::prefix_credit).
+    pub fn with_prefix_credit(mut self, credit: bool) -> Self {
+        self.prefix_credit = credit;
         self
     }
 

@@ -78,6 +78,9 @@ pub struct Scheduler<M> {
     pending: Option<PendingStep>,
     next_step: u64,
     next_admission: u64,
+    /// The head of the queue when prefix-credited admission last found it
+    /// did not fit, with the room it had then.
+    blocked_head: Option<(RequestId, u64)>,
     counters: Counters,
     /// Reused by `apply` so committing a step allocates nothing per request.
     scratch: Scratch,
@@ -148,6 +151,7 @@ impl<M> Scheduler<M> {
             pending: None,
             next_step: 0,
             next_admission: 0,
+            blocked_head: None,
             counters: Counters::default(),
             scratch: Scratch::default(),
         })

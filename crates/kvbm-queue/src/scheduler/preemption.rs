@@ -26,7 +26,8 @@ impl<M> Scheduler<M> {
     }
 
     /// Puts an admitted request back at its queue place, parking its sequence
-    /// (if it has progress worth keeping) until it is admitted again.
+    /// (released, holding no blocks) until it is admitted again, so its
+    /// prompt is not hashed twice and its progress is kept.
     pub(super) fn requeue(
         &mut self,
         admitted: Admitted<InferenceRequest>,
@@ -46,7 +47,7 @@ impl<M> Scheduler<M> {
         let id = admitted.id();
         match self.queue.restore_boosted(admitted, boost) {
             Ok(()) => {
-                if let Some(seq) = seq.filter(|seq| seq.generated_tokens() > 0) {
+                if let Some(seq) = seq {
                     self.parked.insert(id, seq);
                 }
             }

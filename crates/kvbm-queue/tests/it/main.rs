@@ -6,6 +6,8 @@
 
 #[cfg(not(kvbm_loom))]
 mod aging;
+#[cfg(not(kvbm_loom))]
+mod credit;
 mod defects;
 #[cfg(not(kvbm_loom))]
 mod edges;

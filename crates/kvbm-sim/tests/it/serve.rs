@@ -1,6 +1,7 @@
 //! Serve mode on the committed excerpt of the conversation trace, with the
 //! scheduler audited as it goes.
 
+use kvbm_queue::SchedulerConfig;
 use kvbm_sim::{
     CacheConfig, Capacity, Eviction, ServeConfig, ServeOutcome, ServeReport, Trace, Workload,
 };
@@ -87,8 +88,12 @@ fn the_excerpt_through_a_small_pool_audited_every_step() {
 #[test]
 fn the_excerpt_with_the_defaults_hits_no_more_than_an_unbounded_cache() {
     // Block size 16, 3M tokens: no preemption, audited every 100 steps.
+    // (Prefix credit admits a little more eagerly, and preempts once here.)
     let trace = Trace::conversation_excerpt().unwrap();
-    let config = ServeConfig::default().with_audit_every(100);
+    let scheduler = SchedulerConfig::default().with_prefix_credit(false);
+    let config = ServeConfig::default()
+        .with_scheduler(scheduler)
+        .with_audit_every(100);
     let report = config.run(&trace).unwrap();
     check_complete(&trace, &report);
     assert_eq!(report.preemptions, 0);
