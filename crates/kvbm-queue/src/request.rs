@@ -38,6 +38,16 @@ impl Priority {
         }
     }
 
+    /// Its name in lower case: `low`, `normal`, `high` or `critical`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Critical => "critical",
+        }
+    }
+
     /// A dense index, `Low = 0` to `Critical = 3`.
     pub(crate) fn index(self) -> usize {
         self as usize

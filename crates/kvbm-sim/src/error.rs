@@ -104,6 +104,29 @@ pub enum SimError {
         /// The value given, in milliseconds.
         value: f64,
     },
+    /// A speculative-decoding acceptance probability outside `0..=1`.
+    #[error("draft acceptance probability must be between 0 and 1, got {value}")]
+    InvalidAcceptance {
+        /// The probability given.
+        value: f64,
+    },
+    /// A priority mix that is not `PRIORITY:SHARE,...` with finite,
+    /// non-negative shares adding up to more than 0.
+    #[error("invalid priority mix `{mix}`: {reason}")]
+    InvalidPriorityMix {
+        /// The mix as written.
+        mix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// An aging rate that is negative or not a number.
+    #[error(
+        "aging rate must be a finite number of priority steps per second, at least 0, got {value}"
+    )]
+    InvalidAgingRate {
+        /// The rate given.
+        value: f64,
+    },
     /// The scheduler refused its configuration (a zero limit, for instance)
     /// or an operation the replay relies on (a bug in the simulator or in
     /// kvbm-queue).

@@ -136,8 +136,8 @@ pub use error::SimError;
 pub use eviction::Eviction;
 pub use mode::cache::{CacheConfig, CacheOccupancy, CacheReport, CacheSim, RequestOutcome};
 pub use mode::serve::{
-    AdmissionStats, Latency, RequestTimeline, ServeConfig, ServeOutcome, ServeReport, StepTime,
-    prompt_tokens, trace_token,
+    AdmissionStats, Latency, PriorityMix, RequestTimeline, ServeConfig, ServeOutcome, ServeReport,
+    StepTime, priority_from_vllm, prompt_tokens, trace_token,
 };
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;

@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvbm_queue::{GenerationReserve, SchedulerConfig};
+use kvbm_queue::{Aging, GenerationReserve, Preemption, SchedulerConfig};
 use kvbm_sim::{
-    CacheConfig, Capacity, Eviction, Progress, ServeConfig, SimError, StepTime, SweepConfig, Trace,
-    Workload,
+    CacheConfig, Capacity, Eviction, PriorityMix, Progress, ServeConfig, SimError, StepTime,
+    SweepConfig, Trace, Workload,
 };
 
 /// Replays Mooncake-format request traces through kvbm's block manager.
@@ -183,6 +183,32 @@ struct ServeArgs {
     /// the prefix it finds cached.
     #[arg(long)]
     no_prefix_credit: bool,
+    /// Draft tokens each decode verifies (speculative decoding; 0: off).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    spec_tokens: usize,
+    /// Probability the engine accepts each draft token (until the first
+    /// rejection).
+    #[arg(long, value_name = "P", default_value_t = ServeConfig::default().spec_accept)]
+    spec_accept: f64,
+    /// Seed of the random draws (priorities, draft acceptance).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// Priorities of requests whose trace line has none, as vLLM priority
+    /// values (lower is more urgent) and their shares, e.g. `0:0.1,1:0.9`
+    /// [default: all normal].
+    #[arg(long, value_name = "P:SHARE,...")]
+    priorities: Option<String>,
+    /// Let a waiting request preempt running requests less urgent than it.
+    #[arg(long)]
+    priority_preemption: bool,
+    /// Priority steps a request's urgency rises per second of waiting
+    /// (0: strict priority).
+    #[arg(long, value_name = "F", default_value_t = 0.0)]
+    aging_per_s: f64,
+    /// Priority steps a request's urgency rises each time it is preempted
+    /// (at most 3 in all).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    preemption_boost: u32,
     /// Simulated fixed cost of a step, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5.0)]
     step_ms: f64,
@@ -212,18 +238,44 @@ impl ServeArgs {
             .with_token_budget(self.token_budget)
             .with_chunk_size(self.chunk_size)
             .with_reserve(self.reserve)
-            .with_prefix_credit(!self.no_prefix_credit);
+            .with_prefix_credit(!self.no_prefix_credit)
+            .with_speculative_tokens(self.spec_tokens)
+            .with_aging(aging(self.aging_per_s)?)
+            .with_preemption_boost(self.preemption_boost);
+        if self.priority_preemption {
+            scheduler = scheduler.with_preemption(Preemption::ByPriority);
+        }
         if let Some(blocks) = self.watermark_blocks {
             scheduler = scheduler.with_watermark_blocks(blocks);
         }
         let step_time =
             StepTime::from_millis(self.step_ms, self.prefill_token_ms, self.decode_request_ms)?;
-        Ok(ServeConfig::new(self.block_size, capacity)
+        let config = ServeConfig::new(self.block_size, capacity)
             .with_eviction(self.eviction)
             .with_scheduler(scheduler)
             .with_step_time(step_time)
-            .with_audit_every(self.audit_every))
+            .with_audit_every(self.audit_every)
+            .with_spec_accept(self.spec_accept)
+            .with_seed(self.seed);
+        match &self.priorities {
+            Some(mix) => Ok(config.with_priorities(PriorityMix::parse(mix)?)),
+            None => Ok(config),
+        }
     }
+}
+
+/// Time-based aging at `per_second` priority steps per second of waiting;
+/// strict priority at 0.
+fn aging(per_second: f64) -> Result<Aging, SimError> {
+    if !per_second.is_finite() || per_second < 0.0 {
+        return Err(SimError::InvalidAgingRate { value: per_second });
+    }
+    if per_second == 0.0 {
+        return Ok(Aging::Strict);
+    }
+    // Rates too small for a step to fit a `Duration` age nothing.
+    let step = Duration::try_from_secs_f64(1.0 / per_second).unwrap_or(Duration::MAX);
+    Ok(Aging::Timed { step })
 }
 
 /// `full`, or a cap in tokens.

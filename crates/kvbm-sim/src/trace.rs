@@ -33,6 +33,11 @@ pub struct TraceRequest {
     /// One id per 512-token prompt block; an id stands for its block *and*
     /// the whole prefix before it.
     pub hash_ids: Vec<u64>,
+    /// The request's vLLM priority (lower is more urgent), if the line has
+    /// one; serve mode maps it with
+    /// [`priority_from_vllm`](crate::priority_from_vllm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
 }
 
 impl TraceRequest {

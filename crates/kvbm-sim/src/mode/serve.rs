@@ -53,6 +53,7 @@
 //! - **Throughput** divides generated tokens and finished requests by the
 //!   simulated duration, from the first arrival to the end of the last step.
 
+mod draws;
 mod latency;
 mod report;
 mod step_time;
@@ -63,11 +64,13 @@ use std::time::{Duration, Instant};
 
 use kvbm_blocks::BlockManager;
 use kvbm_queue::{
-    EngineOutput, FinishReason, InferenceRequest, QueueError, RequestId, Scheduler,
+    EngineOutput, FinishReason, InferenceRequest, Priority, QueueError, RequestId, Scheduler,
     SchedulerConfig, StepPlan,
 };
 use tracing::instrument;
 
+use self::draws::Stream;
+pub use self::draws::{PriorityMix, priority_from_vllm};
 pub use self::latency::Latency;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
 pub use self::step_time::StepTime;
@@ -85,7 +88,7 @@ const NEVER: u64 = u64::MAX;
 struct Simulated;
 
 /// What to replay in serve mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ServeConfig {
     /// Tokens per KV block (default 16, vLLM's; must divide 512).
@@ -103,6 +106,17 @@ pub struct ServeConfig {
     /// only once, at the end). O(pool blocks) each time: for tests and
     /// debugging.
     pub audit_every: Option<u64>,
+    /// With speculative decoding (`scheduler.speculative_tokens` drafts per
+    /// decode), the probability that the stand-in engine accepts each draft
+    /// token, independently, until the first rejection (default 0.7, a
+    /// typical EAGLE acceptance rate).
+    pub spec_accept: f64,
+    /// Seed of every random draw: priorities from `priorities`, draft
+    /// acceptances (default 0).
+    pub seed: u64,
+    /// Priorities of the requests whose trace line has none, drawn by
+    /// share; `None` (the default) makes them all `Normal`.
+    pub priorities: Option<PriorityMix>,
 }
 
 impl Default for ServeConfig {
@@ -114,6 +128,9 @@ impl Default for ServeConfig {
             scheduler: SchedulerConfig::default(),
             step_time: StepTime::default(),
             audit_every: None,
+            spec_accept: 0.7,
+            seed: 0,
+            priorities: None,
         }
     }
 }
@@ -152,6 +169,24 @@ impl ServeConfig {
         self
     }
 
+    /// Sets [`spec_accept`](Self::spec_accept).
+    pub fn with_spec_accept(mut self, probability: f64) -> Self {
+        self.spec_accept = probability;
+        self
+    }
+
+    /// Sets [`seed`](Self::seed).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets [`priorities`](Self::priorities).
+    pub fn with_priorities(mut self, mix: PriorityMix) -> Self {
+        self.priorities = Some(mix);
+        self
+    }
+
     /// Replays `trace` through a fresh scheduler.
     ///
     /// # Errors
@@ -168,6 +203,7 @@ impl ServeConfig {
 /// # Errors
 ///
 /// [`SimError::InvalidBlockSize`] unless the block size divides 512;
+/// [`SimError::InvalidAcceptance`] unless `spec_accept` is in `0..=1`;
 /// [`SimError::UnboundedServe`], [`SimError::ZeroCapacity`] or
 /// [`SimError::CapacityTooLarge`] for a pool that cannot be built;
 /// [`SimError::Scheduler`] for a scheduler limit of zero, or if the
@@ -182,6 +218,11 @@ pub fn replay(
     let block_size = config.block_size;
     if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
         return Err(SimError::InvalidBlockSize { block_size });
+    }
+    if !(0.0..=1.0).contains(&config.spec_accept) {
+        return Err(SimError::InvalidAcceptance {
+            value: config.spec_accept,
+        });
     }
     let capacity_blocks = config.capacity.resolve_bounded(block_size)?;
     let started = Instant::now();
@@ -213,6 +254,7 @@ struct Track {
     /// Prefix tokens matched at the first admission.
     hit_tokens: u64,
     preemptions: u32,
+    priority: Priority,
     /// Admitted and holding blocks, as far as the plans have said.
     running: bool,
     outcome: ServeOutcome,
@@ -224,6 +266,8 @@ struct ServeSim<'a> {
     eviction: Eviction,
     step_time: StepTime,
     audit_every: Option<u64>,
+    spec_accept: f64,
+    seed: u64,
     scheduler: Scheduler<Simulated>,
     /// Request indices in arrival order.
     arrivals: Vec<usize>,
@@ -268,7 +312,8 @@ impl<'a> ServeSim<'a> {
         arrivals.sort_by_key(|&index| requests.get(index).map_or(0, |r| r.timestamp));
         let tracks = requests
             .iter()
-            .map(|request| Track {
+            .enumerate()
+            .map(|(index, request)| Track {
                 arrival: request.timestamp.saturating_mul(1_000_000),
                 admitted: NEVER,
                 first_token: NEVER,
@@ -276,6 +321,13 @@ impl<'a> ServeSim<'a> {
                 admission_rank: NEVER,
                 hit_tokens: 0,
                 preemptions: 0,
+                priority: match (request.priority, &config.priorities) {
+                    (Some(value), _) => priority_from_vllm(value),
+                    (None, Some(mix)) => {
+                        mix.pick(draws::unit(config.seed, Stream::Priority, index as u64, 0))
+                    }
+                    (None, None) => Priority::Normal,
+                },
                 running: false,
                 outcome: ServeOutcome::Pending,
             })
@@ -285,6 +337,8 @@ impl<'a> ServeSim<'a> {
             eviction: config.eviction,
             step_time: config.step_time,
             audit_every: config.audit_every,
+            spec_accept: config.spec_accept,
+            seed: config.seed,
             scheduler,
             arrivals,
             next_arrival: 0,
@@ -373,7 +427,10 @@ impl<'a> ServeSim<'a> {
             tokens::fill_prompt(&request.hash_ids, input_length, &mut self.prompt);
             let prompt: Arc<[u32]> = Arc::from(&self.prompt[..]);
             let max_new = u32::try_from(request.output_length).unwrap_or(u32::MAX);
-            let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new);
+            // Arrival in simulated time, for time-based aging.
+            let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new)
+                .with_priority(track.priority)
+                .with_arrival(Duration::from_nanos(track.arrival));
             match self.scheduler.submit(inference) {
                 Ok(()) => self.counters.accepted += 1,
                 Err(rejected) => {
@@ -458,14 +515,32 @@ impl<'a> ServeSim<'a> {
                 EngineOutput::no_token(work.id)
             });
         }
+        // A speculative decode: each draft is accepted with probability
+        // `spec_accept` until the first rejection; the accepted drafts are
+        // the tokens it would have sampled anyway.
+        let mut draft_tokens = 0u64;
         for work in &plan.decode {
-            let token = tokens::sampled_token(work.id.0, work.position + 1);
-            self.outputs.push(EngineOutput::token(work.id, token));
+            let (id, next) = (work.id, work.position + 1);
+            draft_tokens += work.draft_tokens as u64;
+            let accepted =
+                draws::accepted_drafts(self.seed, self.spec_accept, id.0, next, work.draft_tokens);
+            let token = tokens::sampled_token(id.0, next + accepted);
+            self.outputs.push(if work.draft_tokens == 0 {
+                EngineOutput::token(id, token)
+            } else {
+                let drafts = (next..next + accepted)
+                    .map(|position| tokens::sampled_token(id.0, position))
+                    .collect();
+                EngineOutput::speculative(id, drafts, token)
+            });
         }
         let decodes = plan.decode.len() as u64;
         let report = self.scheduler.apply(&self.outputs)?;
 
-        let elapsed = self.step_time.step_nanos(prefill_tokens, decodes);
+        // Verifying drafts costs what prefilling as many tokens does.
+        let elapsed = self
+            .step_time
+            .step_nanos(prefill_tokens.saturating_add(draft_tokens), decodes);
         let end = start.saturating_add(elapsed);
         let ran = !plan.is_empty();
         if ran {
@@ -528,6 +603,7 @@ impl<'a> ServeSim<'a> {
                 output_tokens: request.output_length,
                 hit_tokens: track.hit_tokens,
                 preemptions: track.preemptions,
+                priority: track.priority,
                 outcome: track.outcome,
             };
             if timeline.outcome.was_accepted() {
@@ -569,7 +645,10 @@ impl<'a> ServeSim<'a> {
             scheduled_requests: counters.scheduled_requests,
             prefill_tokens: counters.prefill_tokens,
             decode_tokens: counters.decode_tokens,
+            spec_proposed_tokens: census.spec_proposed_tokens,
+            spec_accepted_tokens: census.spec_accepted_tokens,
             output_tokens: counters.output_tokens,
+            ttft_by_priority: report::ttft_by_priority(&timelines),
             ttft,
             tpot,
             e2e,

@@ -123,6 +123,7 @@ fn in_memory_requests_are_checked_by_index() {
         input_length: 600,
         output_length: 1,
         hash_ids: vec![1, 2],
+        priority: None,
     };
     let bad = TraceRequest {
         input_length: 2000,
@@ -201,4 +202,18 @@ fn an_absurd_output_length_is_refused_with_its_line() {
         Trace::from_jsonl(&line(u64::from(u32::MAX) + 1)),
         Err(SimError::OutputTooLong { line: 1, .. })
     ));
+}
+
+#[test]
+fn a_line_may_carry_a_vllm_priority() {
+    let trace = Trace::from_jsonl(
+        "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1], \"priority\": -2}\n\
+         {\"timestamp\": 1, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n",
+    )
+    .unwrap();
+    let priorities: Vec<Option<i64>> = trace.requests().iter().map(|r| r.priority).collect();
+    assert_eq!(priorities, [Some(-2), None]);
+    // Written back without a priority it did not have.
+    let json = serde_json::to_string(&trace.requests()[1]).unwrap();
+    assert!(!json.contains("priority"), "{json}");
 }

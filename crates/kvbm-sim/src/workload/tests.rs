@@ -12,6 +12,7 @@ fn trace(requests: &[(u64, &[u64])]) -> Trace {
                 input_length,
                 output_length: 1,
                 hash_ids: ids.to_vec(),
+                priority: None,
             })
             .collect(),
     )

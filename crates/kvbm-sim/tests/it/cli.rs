@@ -341,6 +341,63 @@ fn serve_json_has_the_documented_fields_and_honours_every_option() {
     assert_eq!(json["trace"], path.to_str().unwrap());
 }
 
+/// Speculative decoding and priorities on the excerpt: the report's new
+/// fields, consistent with each other and with the flags.
+#[test]
+fn serve_reports_speculation_and_priorities() {
+    let output = kvbm_sim(&[
+        "serve",
+        "--limit",
+        "120",
+        "--spec-tokens",
+        "3",
+        "--spec-accept",
+        "0.6",
+        "--seed",
+        "7",
+        "--priorities",
+        "0:0.2,1:0.8",
+        "--priority-preemption",
+        "--aging-per-s",
+        "0.5",
+        "--preemption-boost",
+        "1",
+        "--capacity-tokens",
+        "200000",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(json["spec_tokens"], 3);
+    assert_eq!(json["preemption_boost"], 1);
+    let proposed = json["spec_proposed_tokens"].as_u64().unwrap();
+    let accepted = json["spec_accepted_tokens"].as_u64().unwrap();
+    assert!(proposed > 0 && accepted > 0 && accepted < proposed);
+    // 3 drafts at 0.6: about 0.6 + 0.36 + 0.216 accepted per decode.
+    let per_step = json["tokens_per_decode_step"].as_f64().unwrap();
+    assert!((1.8..2.4).contains(&per_step), "{per_step}");
+    // Every request still generates exactly its output length.
+    let decodes = json["decode_tokens"].as_u64().unwrap();
+    let finished = json["finished_requests"].as_u64().unwrap();
+    assert_eq!(finished, 120);
+    assert_eq!(
+        json["output_tokens"].as_u64().unwrap(),
+        decodes + accepted + finished,
+        "a first token per request, then one per decode plus the accepted drafts"
+    );
+    let by_priority = json["ttft_by_priority"].as_object().unwrap();
+    let keys: Vec<&str> = by_priority.keys().map(String::as_str).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.contains(&"critical") && keys.contains(&"high"));
+    let counts: u64 = by_priority
+        .values()
+        .map(|l| l["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counts, json["ttft"]["count"].as_u64().unwrap());
+    assert!(by_priority["high"]["count"].as_u64() > by_priority["critical"]["count"].as_u64());
+    assert!(json["priority_preemptions"].is_u64());
+}
+
 #[test]
 fn serve_errors_are_one_clear_line() {
     fails_with(
@@ -362,6 +419,18 @@ fn serve_errors_are_one_clear_line() {
     fails_with(
         &["serve", "--max-running", "0"],
         "scheduler: scheduler config: max_running must be at least 1",
+    );
+    fails_with(
+        &["serve", "--spec-tokens", "2", "--spec-accept", "1.5"],
+        "draft acceptance probability must be between 0 and 1, got 1.5",
+    );
+    fails_with(
+        &["serve", "--priorities", "0:0.5,x:1"],
+        "invalid priority mix `0:0.5,x:1`: a priority is an integer",
+    );
+    fails_with(
+        &["serve", "--aging-per-s=-2"],
+        "aging rate must be a finite number of priority steps per second",
     );
     let scratch = Scratch::new("cli-serve-errors");
     let missing = scratch.0.join("missing.jsonl");

@@ -104,6 +104,7 @@ fn traces() -> impl Strategy<Value = Trace> {
                     input_length: 512 * (hash_ids.len() as u64 - 1) + last,
                     output_length: 1,
                     hash_ids,
+                    priority: None,
                 })
                 .collect();
             Trace::from_requests(requests).expect("consistent by construction")

@@ -1,9 +1,10 @@
 //! Serve mode on the committed excerpt of the conversation trace, with the
 //! scheduler audited as it goes.
 
-use kvbm_queue::SchedulerConfig;
+use kvbm_queue::{Priority, SchedulerConfig};
 use kvbm_sim::{
-    CacheConfig, Capacity, Eviction, ServeConfig, ServeOutcome, ServeReport, Trace, Workload,
+    CacheConfig, Capacity, Eviction, PriorityMix, ServeConfig, ServeOutcome, ServeReport, Trace,
+    Workload,
 };
 
 /// Checks what every complete replay of the excerpt must satisfy.
@@ -110,4 +111,75 @@ fn the_excerpt_with_the_defaults_hits_no_more_than_an_unbounded_cache() {
         .unwrap();
     assert!(report.hits.hit_blocks <= cache.hits.hit_blocks);
     assert_eq!(report.hits.input_blocks, cache.hits.input_blocks);
+}
+
+/// Speculative decoding changes how many steps the excerpt takes, never
+/// what it generates: all drafts accepted, none, or some.
+#[test]
+fn speculative_decoding_generates_the_same_tokens_in_fewer_steps() {
+    let excerpt = Trace::conversation_excerpt().unwrap();
+    let trace = Trace::from_requests(excerpt.requests()[..200].to_vec()).unwrap();
+    let base = ServeConfig::new(16, Capacity::Tokens(400_000)).with_audit_every(50);
+    let plain = base.run(&trace).unwrap();
+    check_complete(&trace, &plain);
+    assert_eq!(plain.spec_proposed_tokens, 0);
+    assert_eq!(plain.tokens_per_decode_step(), 1.0);
+    let with = |accept: f64| {
+        let scheduler = base.scheduler.with_speculative_tokens(4);
+        let report = base
+            .with_scheduler(scheduler)
+            .with_spec_accept(accept)
+            .with_seed(3)
+            .run(&trace)
+            .unwrap();
+        check_complete(&trace, &report);
+        assert_eq!(report.output_tokens, plain.output_tokens);
+        assert!(report.spec_proposed_tokens > 0);
+        report
+    };
+    let all = with(1.0);
+    assert_eq!(all.spec_accepted_tokens, all.spec_proposed_tokens);
+    assert!(
+        all.decode_tokens * 2 < plain.decode_tokens,
+        "5 tokens per decode"
+    );
+    let none = with(0.0);
+    assert_eq!(none.spec_accepted_tokens, 0);
+    assert_eq!(none.decode_tokens, plain.decode_tokens);
+    let some = with(0.5);
+    assert!(some.decode_tokens < plain.decode_tokens);
+    assert!(some.decode_tokens > all.decode_tokens);
+    // Seeded: the same run again is the same run.
+    let again = with(0.5);
+    assert_eq!(again.spec_accepted_tokens, some.spec_accepted_tokens);
+    assert_eq!(again.ttft, some.ttft);
+}
+
+/// A trace line's own `priority` wins over the drawn mix, and every
+/// priority present gets its TTFT.
+#[test]
+fn trace_priorities_win_over_the_mix() {
+    let mut requests = Trace::conversation_excerpt().unwrap().requests()[..60].to_vec();
+    for request in requests.iter_mut().step_by(3) {
+        request.priority = Some(7);
+    }
+    let trace = Trace::from_requests(requests).unwrap();
+    let config = ServeConfig::new(16, Capacity::Tokens(400_000))
+        .with_priorities(PriorityMix::parse("0:1").unwrap());
+    let report = config.run(&trace).unwrap();
+    check_complete(&trace, &report);
+    for (index, request) in report.requests.iter().enumerate() {
+        let expected = if index % 3 == 0 {
+            Priority::Low
+        } else {
+            Priority::Critical
+        };
+        assert_eq!(request.priority, expected, "request {index}");
+    }
+    let by_priority: Vec<(Priority, u64)> = report
+        .ttft_by_priority
+        .iter()
+        .map(|(p, l)| (*p, l.count))
+        .collect();
+    assert_eq!(by_priority, [(Priority::Critical, 40), (Priority::Low, 20)]);
 }

@@ -12,6 +12,7 @@ fn workload(requests: &[&[u64]]) -> Workload {
             input_length: 512 * ids.len() as u64,
             output_length: 1,
             hash_ids: ids.to_vec(),
+            priority: None,
         })
         .collect();
     Workload::new(&Trace::from_requests(requests).unwrap(), 512).unwrap()

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use kvbm_queue::{Census, SchedulerConfig};
+use kvbm_queue::{Census, Priority, SchedulerConfig};
 use serde_json::json;
 
 use super::latency::ms;
@@ -62,6 +62,8 @@ pub struct RequestTimeline {
     pub hit_tokens: u64,
     /// Times it was preempted.
     pub preemptions: u32,
+    /// The priority it was submitted at.
+    pub priority: Priority,
     /// How it left.
     pub outcome: ServeOutcome,
 }
@@ -156,10 +158,18 @@ pub struct ServeReport {
     pub prefill_tokens: u64,
     /// Decode work items (one per decoding request per step).
     pub decode_tokens: u64,
+    /// Draft tokens verified by speculative decodes
+    /// (`census.spec_proposed_tokens`).
+    pub spec_proposed_tokens: u64,
+    /// Of those, the ones accepted (`census.spec_accepted_tokens`).
+    pub spec_accepted_tokens: u64,
     /// Tokens generated.
     pub output_tokens: u64,
     /// Time to first token over requests that emitted one.
     pub ttft: Latency,
+    /// The same, per priority (most urgent first; priorities no request
+    /// had are left out).
+    pub ttft_by_priority: Vec<(Priority, Latency)>,
     /// Time per output token after the first, over finished requests with
     /// at least two output tokens.
     pub tpot: Latency,
@@ -195,6 +205,16 @@ impl ServeReport {
             .iter()
             .filter(|r| r.outcome == outcome)
             .count() as u64
+    }
+
+    /// Tokens a decoding request gains per step: 1 without speculative
+    /// decoding, `1 + accepted drafts / decodes` with it (0 without decodes).
+    pub fn tokens_per_decode_step(&self) -> f64 {
+        if self.decode_tokens == 0 {
+            0.0
+        } else {
+            (self.decode_tokens + self.spec_accepted_tokens) as f64 / self.decode_tokens as f64
+        }
     }
 
     /// Generated tokens per simulated second.
@@ -256,10 +276,22 @@ impl ServeReport {
             "scheduled_requests": self.scheduled_requests,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
+            "spec_tokens": self.scheduler.speculative_tokens,
+            "spec_proposed_tokens": self.spec_proposed_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
+            "tokens_per_decode_step": self.tokens_per_decode_step(),
+            "priority_preemptions": self.census.priority_preemptions,
+            "preemption_boost": self.scheduler.preemption_boost,
+            "prefix_credit": self.scheduler.prefix_credit,
             "output_tokens": self.output_tokens,
             "output_tokens_per_s": self.output_tokens_per_s(),
             "requests_per_s": self.requests_per_s(),
             "ttft": self.ttft.to_json(),
+            "ttft_by_priority": self
+                .ttft_by_priority
+                .iter()
+                .map(|(priority, latency)| (priority.name().to_owned(), latency.to_json()))
+                .collect::<serde_json::Map<_, _>>(),
             "tpot": self.tpot.to_json(),
             "e2e": self.e2e.to_json(),
             "max_running": self.max_running,
@@ -280,21 +312,38 @@ fn per_second(count: u64, duration: Duration) -> f64 {
     }
 }
 
+/// TTFT per priority, most urgent first, over the priorities present.
+pub(super) fn ttft_by_priority(requests: &[RequestTimeline]) -> Vec<(Priority, Latency)> {
+    Priority::ALL
+        .iter()
+        .rev()
+        .filter_map(|&priority| {
+            let of_priority = requests.iter().filter(|r| r.priority == priority);
+            let latency = summarize(of_priority, RequestTimeline::ttft);
+            (latency.count > 0).then_some((priority, latency))
+        })
+        .collect()
+}
+
 /// TTFT, TPOT and end-to-end latency over `requests`.
 pub(super) fn latencies(requests: &[RequestTimeline]) -> (Latency, Latency, Latency) {
-    let nanos = |pick: fn(&RequestTimeline) -> Option<Duration>| {
-        let mut samples: Vec<u64> = requests
-            .iter()
-            .filter_map(pick)
-            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-            .collect();
-        Latency::from_nanos(&mut samples)
-    };
     (
-        nanos(RequestTimeline::ttft),
-        nanos(RequestTimeline::tpot),
-        nanos(RequestTimeline::e2e),
+        summarize(requests.iter(), RequestTimeline::ttft),
+        summarize(requests.iter(), RequestTimeline::tpot),
+        summarize(requests.iter(), RequestTimeline::e2e),
     )
+}
+
+/// One latency, `pick`ed from each of `requests` that has it.
+fn summarize<'a>(
+    requests: impl Iterator<Item = &'a RequestTimeline>,
+    pick: fn(&RequestTimeline) -> Option<Duration>,
+) -> Latency {
+    let mut samples: Vec<u64> = requests
+        .filter_map(pick)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .collect();
+    Latency::from_nanos(&mut samples)
 }
 
 impl fmt::Display for ServeReport {
@@ -356,6 +405,26 @@ impl fmt::Display for ServeReport {
             group(self.output_tokens)
         )?;
         writeln!(f, "  TTFT  {}", self.ttft)?;
+        if self.ttft_by_priority.len() > 1 {
+            for (priority, latency) in &self.ttft_by_priority {
+                writeln!(f, "    {:<8} {latency}", priority.name())?;
+            }
+            writeln!(
+                f,
+                "    priority preemptions {}",
+                group(self.census.priority_preemptions)
+            )?;
+        }
+        if self.scheduler.speculative_tokens > 0 {
+            writeln!(
+                f,
+                "  speculative: {} drafts per decode, {} of {} accepted, {:.2} tokens per decode step",
+                self.scheduler.speculative_tokens,
+                group(self.spec_accepted_tokens),
+                group(self.spec_proposed_tokens),
+                self.tokens_per_decode_step()
+            )?;
+        }
         writeln!(f, "  TPOT  {}", self.tpot)?;
         writeln!(f, "  E2E   {}", self.e2e)?;
         writeln!(f, "  replay {:.1} ms", ms(self.replay_time))

@@ -19,6 +19,7 @@ fn request(timestamp: u64, ids: &[u64], input: u64, output: u64) -> TraceRequest
         input_length: input,
         output_length: output,
         hash_ids: ids.to_vec(),
+        priority: None,
     }
 }
 
