@@ -7,6 +7,10 @@ use super::running::Running;
 use super::{FinishReason, InferenceRequest, Preemption, Scheduler, StepPlan};
 use crate::{Admitted, Request, Selection};
 
+/// Generated tokens a new sequence has room for before its token buffer
+/// grows (at most this many, however many it may generate).
+const GENERATION_HEADROOM: usize = 512;
+
 impl<M> Scheduler<M> {
     /// Admits waiting requests in queue order while slots, tokens and blocks
     /// allow; then, under [`Preemption::ByPriority`], the blocked head of the
@@ -258,10 +262,15 @@ impl<M> Scheduler<M> {
             return Ok(seq);
         }
         let request = admitted.request();
-        // Room for the prompt only: memory grows with the tokens actually
-        // generated, never with `max_new_tokens` (which may be `u32::MAX`).
+        // Room for the prompt and a bounded start on the output: memory grows
+        // with the tokens actually generated, never with `max_new_tokens`
+        // (which may be `u32::MAX`), but the first sampled tokens do not copy
+        // the whole prompt to a larger buffer.
+        let headroom = (request.max_new_tokens() as usize).min(GENERATION_HEADROOM);
+        let mut tokens = Vec::with_capacity(request.prompt().len().saturating_add(headroom));
+        tokens.extend_from_slice(request.prompt());
         let mut seq = SchedulableSequence::builder(
-            request.prompt().to_vec(),
+            tokens,
             request.max_new_tokens() as usize,
             self.manager.block_size(),
         )

@@ -35,33 +35,32 @@ impl<M> Scheduler<M> {
             finished: pending.cancelled,
             ..StepReport::default()
         };
-        let mut i = 0;
-        while i < self.running.len() {
-            let running = &mut self.running[i];
+        // Requests that are done are taken out afterwards, keeping the
+        // others in order (so the next step need not sort them again).
+        let mut done = std::mem::take(&mut self.scratch.done);
+        for (i, running) in self.running.iter_mut().enumerate() {
             let Some(&output) = by_id.get(&running.id()) else {
-                i += 1;
                 continue;
             };
             match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
-                Ok(None) => i += 1,
-                Ok(Some(reason)) => {
-                    let done = self.running.swap_remove(i);
-                    let generated = done.seq.generated_tokens();
-                    report
-                        .finished
-                        .push(self.exit(done.id(), reason, generated));
-                }
+                Ok(None) => {}
+                Ok(Some(reason)) => done.push((i, reason)),
                 Err(err) => {
                     // Unreachable after `check_outputs`; never panic.
-                    let done = self.running.swap_remove(i);
-                    debug!(id = %done.id(), %err, "request failed to apply");
-                    let generated = done.seq.generated_tokens();
-                    report
-                        .finished
-                        .push(self.exit(done.id(), FinishReason::Aborted, generated));
+                    debug!(id = %running.id(), %err, "request failed to apply");
+                    done.push((i, FinishReason::Aborted));
                 }
             }
         }
+        for &(i, reason) in done.iter().rev() {
+            let finished = self.running.remove(i);
+            let generated = finished.seq.generated_tokens();
+            report
+                .finished
+                .push(self.exit(finished.id(), reason, generated));
+        }
+        done.clear();
+        self.scratch.done = done;
         self.counters.spec_proposed_tokens += report.verified_draft_tokens as u64;
         self.counters.spec_accepted_tokens += report.accepted_draft_tokens as u64;
         // Requests cancelled while the engine ran end now, after their

@@ -315,4 +315,6 @@ pub(super) struct Scratch {
     pub(super) blocks: Vec<BlockId>,
     /// A speculative step's tokens: accepted drafts, then the sampled token.
     pub(super) tokens: Vec<u32>,
+    /// Requests `apply` found done, by index in `running`, with why.
+    pub(super) done: Vec<(usize, FinishReason)>,
 }

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use kvbm_schedule::ScheduleError;
 use tracing::debug;
 
+use super::running::Running;
 use super::{FinishReason, PendingStep, Scheduler, SchedulerError, StepPlan};
 
 impl<M> Scheduler<M> {
@@ -50,8 +51,12 @@ impl<M> Scheduler<M> {
     /// Running requests, most important first; preemption victims come from
     /// the end of this order.
     pub(super) fn schedule_running(&mut self, budget: &mut usize, plan: &mut StepPlan) {
-        self.running
-            .sort_by_key(|r| (std::cmp::Reverse(r.priority()), r.admission));
+        let order = |r: &Running<M>| (std::cmp::Reverse(r.priority()), r.admission);
+        // Usually already in order: admissions append in order and `apply`
+        // and preemption remove without reordering.
+        if !self.running.is_sorted_by_key(order) {
+            self.running.sort_by_key(order);
+        }
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             match self.running[i].schedule(
