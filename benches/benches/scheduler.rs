@@ -5,6 +5,7 @@
 //! scheduled request-step on this trace, measured outside this bench).
 //!
 //! - `decode`: every running request decodes one token a step.
+//! - `speculative`: the same with 3 draft tokens per decode, 2 accepted.
 //! - `churn`: requests finish after 32 tokens and are replaced at once, so
 //!   each step mixes prefill chunks (2,048-token prompts sharing a 1,024-token
 //!   prefix), admissions, finishes and decodes.
@@ -19,24 +20,29 @@ use kvbm_queue::{EngineOutput, InferenceRequest, RequestId, Scheduler, Scheduler
 
 const BLOCK_SIZE: usize = 16;
 
-fn scheduler(running: usize) -> Scheduler<Gpu> {
+fn scheduler(running: usize, drafts: usize) -> Scheduler<Gpu> {
     let blocks = 187_500;
     let config = SchedulerConfig::default()
         .with_max_running(running)
         .with_token_budget(8_192)
         .with_chunk_size(8_192)
-        .with_watermark_blocks(0);
+        .with_watermark_blocks(0)
+        .with_speculative_tokens(drafts);
     Scheduler::new(manager(blocks, BLOCK_SIZE), config).expect("valid configuration")
 }
 
-/// The engine: a token for every decode and every emitting chunk.
+/// The engine: a token for every decode and every emitting chunk; a
+/// speculative decode accepts two of its drafts (fewer if it has fewer).
 fn outputs(plan: &StepPlan, out: &mut Vec<EngineOutput>) {
     out.clear();
     out.extend(plan.prefill.iter().map(|p| match p.emits_token {
         true => EngineOutput::token(p.id, 7),
         false => EngineOutput::no_token(p.id),
     }));
-    out.extend(plan.decode.iter().map(|d| EngineOutput::token(d.id, 7)));
+    out.extend(plan.decode.iter().map(|d| match d.draft_tokens {
+        0 => EngineOutput::token(d.id, 7),
+        drafts => EngineOutput::speculative(d.id, vec![5; drafts.min(2)], 7),
+    }));
 }
 
 /// One planned and applied step; the requests it scheduled.
@@ -60,8 +66,8 @@ const DECODE_STEPS: u32 = 4_000;
 
 /// `running` requests with 2,048-token prompts (a 1,024-token shared prefix),
 /// all prefilled, so that every step from now on decodes all of them.
-fn decoding(running: usize, out: &mut Vec<EngineOutput>) -> Scheduler<Gpu> {
-    let mut s = scheduler(running);
+fn decoding(running: usize, drafts: usize, out: &mut Vec<EngineOutput>) -> Scheduler<Gpu> {
+    let mut s = scheduler(running, drafts);
     let shared = random_tokens(0, 1_024);
     for id in 0..running as u64 {
         let tokens = prompt(id, &shared, 2_048);
@@ -84,20 +90,28 @@ fn decoding(running: usize, out: &mut Vec<EngineOutput>) -> Scheduler<Gpu> {
 }
 
 fn bench_decode(c: &mut Criterion) {
-    let mut group = c.benchmark_group("scheduler_step/decode");
+    decode_group(c, "scheduler_step/decode", &[64, 256], 0);
+    decode_group(c, "scheduler_step/speculative", &[256], 3);
+}
+
+/// Steps of schedulers where `running` requests decode with `drafts` drafts.
+fn decode_group(c: &mut Criterion, name: &str, sizes: &[usize], drafts: usize) {
+    let mut group = c.benchmark_group(name);
     group.warm_up_time(Duration::from_millis(500));
-    for running in [64usize, 256] {
+    // With drafts a request gains up to 3 tokens a step.
+    let steps_per_scheduler = u64::from(DECODE_STEPS) / (drafts as u64 + 1);
+    for &running in sizes {
         group.throughput(Throughput::Elements(running as u64));
         group.bench_function(BenchmarkId::new("kvbm", running), |b| {
             let mut out = Vec::new();
             b.iter_custom(|iters| {
-                // A fresh decoding scheduler every DECODE_STEPS steps, built
-                // outside the timed region.
+                // A fresh decoding scheduler every `steps_per_scheduler`
+                // steps, built outside the timed region.
                 let mut elapsed = Duration::ZERO;
                 let mut left = iters;
                 while left > 0 {
-                    let mut s = decoding(running, &mut out);
-                    let steps = left.min(u64::from(DECODE_STEPS));
+                    let mut s = decoding(running, drafts, &mut out);
+                    let steps = left.min(steps_per_scheduler);
                     let started = Instant::now();
                     for _ in 0..steps {
                         step(&mut s, &mut out);
@@ -116,7 +130,7 @@ fn bench_churn(c: &mut Criterion) {
     let mut group = c.benchmark_group("scheduler_step/churn");
     group.warm_up_time(Duration::from_millis(500));
     let running = 256;
-    let mut s = scheduler(running);
+    let mut s = scheduler(running, 0);
     let shared = random_tokens(0, 1_024);
     let mut next_id = 0u64;
     let mut refill = |s: &mut Scheduler<Gpu>| {
