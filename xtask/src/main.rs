@@ -52,6 +52,11 @@ const GATES: &[Gate] = &[
         run: bench_check,
     },
     Gate {
+        name: "prometheus-interop",
+        about: "kvbm-sim's exposition parsed by prometheus_client (PyPI, venv under target/)",
+        run: prometheus_interop,
+    },
+    Gate {
         name: "layers",
         about: "fail on any upward dependency between kvbm crates",
         run: layers,
@@ -209,6 +214,45 @@ fn loom(sh: &Shell) -> Result<()> {
 fn bench_check(sh: &Shell) -> Result<()> {
     let cargo = cargo();
     cmd!(sh, "{cargo} test --benches -p kvbm-benches").run()?;
+    Ok(())
+}
+
+/// The consumer the exposition is checked against: the Prometheus
+/// project's Python client, whose parser reads the text format.
+const PROMETHEUS_CLIENT: &str = "prometheus_client==0.26.0";
+
+/// Replays the embedded excerpt with `--metrics-out` and has
+/// `xtask/interop/check_prometheus.py` parse the file with
+/// `prometheus_client` (installed into `target/interop-venv`, created on
+/// first use) and compare every series with the run's JSON report.
+fn prometheus_interop(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    let root = project_root();
+    let venv = root.join("target/interop-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        cmd!(sh, "python3 -m venv {venv}").run()?;
+    }
+    cmd!(
+        sh,
+        "{python} -m pip install --quiet --disable-pip-version-check {PROMETHEUS_CLIENT}"
+    )
+    .run()?;
+    let out = root.join("target/interop");
+    sh.create_dir(&out)?;
+    let metrics = out.join("metrics.prom");
+    let report = cmd!(
+        sh,
+        "{cargo} run --quiet -p kvbm-sim -- serve --capacity-tokens 300000 --metrics-out {metrics} --json"
+    )
+    .read()?;
+    let report_path = out.join("report.json");
+    sh.write_file(&report_path, report)?;
+    cmd!(
+        sh,
+        "{python} xtask/interop/check_prometheus.py {metrics} {report_path}"
+    )
+    .run()?;
     Ok(())
 }
 

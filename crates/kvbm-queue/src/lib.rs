@@ -175,6 +175,6 @@ pub use request::{Priority, Request};
 pub use scheduler::{
     Census, DecodeWork, EngineOutput, FinishReason, Finished, InferenceRequest, PAD_SLOT,
     Preemption, PrefillWork, RequestId, RolledBack, Scheduler, SchedulerConfig, StepPlan,
-    StepReport, SubmitHandle,
+    StepReport, SubmitHandle, describe_metrics, metric_names,
 };
 pub use stats::QueueStats;

@@ -127,6 +127,13 @@ pub enum SimError {
         /// The rate given.
         value: f64,
     },
+    /// The metrics exporter could not be set up (the address is taken, or a
+    /// recorder is already installed).
+    #[error("metrics: {reason}")]
+    Metrics {
+        /// What went wrong.
+        reason: String,
+    },
     /// The scheduler refused its configuration (a zero limit, for instance)
     /// or an operation the replay relies on (a bug in the simulator or in
     /// kvbm-queue).

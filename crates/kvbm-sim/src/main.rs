@@ -18,6 +18,8 @@
 //! instead of panicking). Progress bars and errors go to stderr.
 #![forbid(unsafe_code)]
 
+mod exporter;
+
 use std::io::{self, Write};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -221,6 +223,16 @@ struct ServeArgs {
     /// Check the scheduler's conservation laws every N steps (0: only at the end).
     #[arg(long, value_name = "N", default_value_t = 0)]
     audit_every: u64,
+    /// Serve the metrics in Prometheus text format at http://ADDR/metrics
+    /// while replaying (e.g. 127.0.0.1:9090).
+    #[arg(long, value_name = "ADDR")]
+    prometheus: Option<std::net::SocketAddr>,
+    /// With --prometheus, keep serving this many seconds after the replay.
+    #[arg(long, value_name = "S", default_value_t = 0, requires = "prometheus")]
+    prometheus_hold_s: u64,
+    /// Write the final Prometheus exposition to FILE.
+    #[arg(long, value_name = "FILE")]
+    metrics_out: Option<PathBuf>,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
@@ -456,11 +468,21 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
 
 fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
     let config = args.config()?;
+    let exporter = match (args.prometheus, &args.metrics_out) {
+        (None, None) => None,
+        (listen, _) => Some(exporter::Exporter::install(listen)?),
+    };
     let mut loaded = load_path(args.trace.as_ref(), progress)?;
     if let Some(limit) = args.limit {
         loaded.trace.truncate(limit);
     }
     let report = kvbm_sim::mode::serve::replay(&loaded.trace, &config, progress)?;
+    if let Some(exporter) = &exporter {
+        if let Some(path) = &args.metrics_out {
+            exporter.write(path)?;
+        }
+        exporter.hold(Duration::from_secs(args.prometheus_hold_s));
+    }
     if args.json {
         let mut json = report.to_json();
         if let Some(object) = json.as_object_mut() {

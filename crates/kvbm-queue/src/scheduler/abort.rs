@@ -66,7 +66,7 @@ impl<M> Scheduler<M> {
         let generated_tokens = self
             .parked
             .remove(&id)
-            .map_or(0, |seq| seq.generated_tokens());
+            .map_or(0, |parked| parked.seq.generated_tokens());
         debug!(%id, ?reason, "taken out while waiting");
         // Counted by the queue (removed) when it left the queue, here or in
         // the handle's `cancel`; only the id remains to retire.

@@ -1,10 +1,10 @@
 //! Admission: waiting requests become running ones, in queue order, within the step's limits.
 
 use kvbm_schedule::{HistoryPolicy, SchedulableSequence, ScheduleError};
-use tracing::debug;
+use tracing::{debug, debug_span};
 
 use super::running::Running;
-use super::{FinishReason, InferenceRequest, Preemption, Scheduler, StepPlan};
+use super::{FinishReason, InferenceRequest, Parked, Preemption, Scheduler, StepPlan};
 use crate::{Admitted, Request, Selection};
 
 /// Generated tokens a new sequence has room for before its token buffer
@@ -89,13 +89,13 @@ impl<M> Scheduler<M> {
         plan: &mut StepPlan,
     ) -> Option<u64> {
         let id = admitted.id();
-        match self.parked.get(&id).map(|seq| self.resume_blocks(seq)) {
+        match self.parked.get(&id).map(|p| self.resume_blocks(&p.seq)) {
             None => Some(admitted.blocks()),
             Some(Some(cost)) => Some(cost),
             Some(None) => {
                 // Preempted after outgrowing the whole pool: it can never
                 // run again, and waiting would block the line behind it.
-                let generated = self.parked.remove(&id).map_or(0, |s| s.generated_tokens());
+                let generated = (self.parked.remove(&id)).map_or(0, |p| p.seq.generated_tokens());
                 debug!(%id, "preempted request outgrew the block pool");
                 plan.finished
                     .push(self.exit(id, FinishReason::CapacityExceeded, generated));
@@ -114,7 +114,7 @@ impl<M> Scheduler<M> {
         plan: &mut StepPlan,
     ) -> bool {
         match self.resume_or_start(&admitted) {
-            Ok(seq) => self.start_seq(admitted, seq, budget, plan),
+            Ok(candidate) => self.start_seq(admitted, candidate, budget, plan),
             Err(err) => {
                 debug!(id = %admitted.id(), %err, "request cannot start");
                 plan.finished
@@ -129,10 +129,14 @@ impl<M> Scheduler<M> {
     fn start_seq(
         &mut self,
         admitted: Admitted<InferenceRequest>,
-        mut seq: SchedulableSequence<M>,
+        candidate: Parked<M>,
         budget: &mut usize,
         plan: &mut StepPlan,
     ) -> bool {
+        let Parked {
+            mut seq,
+            admitted_before,
+        } = candidate;
         let id = admitted.id();
         let prompt = seq.total_tokens() as u64;
         let hits = seq.kv_position() as u64;
@@ -142,6 +146,12 @@ impl<M> Scheduler<M> {
                 *budget -= work.tokens();
                 self.counters.prompt_tokens += prompt;
                 self.counters.prefix_hit_tokens += hits;
+                if !admitted_before {
+                    self.counters.prefix_cache_queries += prompt;
+                    self.counters.prefix_cache_hits += hits;
+                }
+                let _span =
+                    debug_span!("admitted", %id, prompt, hits, resumed = admitted_before).entered();
                 let mut running = Running::new(admitted, seq, self.next_admission);
                 self.next_admission += 1;
                 running.push_work(work, plan);
@@ -151,7 +161,11 @@ impl<M> Scheduler<M> {
             Err(ScheduleError::AllocationFailed { .. }) => {
                 // Its first chunk does not fit: back to its place.
                 let _ = seq.release();
-                self.requeue(admitted, Some(seq));
+                let parked = Parked {
+                    seq,
+                    admitted_before,
+                };
+                self.requeue(admitted, Some(parked));
                 false
             }
             Ok(None) | Err(_) => {
@@ -186,7 +200,7 @@ impl<M> Scheduler<M> {
             // than the blocks before it: hopeless candidates are not matched.
             let tokens = self.parked.get(&head.id()).map_or_else(
                 || head.request().prompt().len() as u64,
-                |seq| seq.total_tokens() as u64,
+                |parked| parked.seq.total_tokens() as u64,
             );
             let most_credit = tokens.saturating_sub(1) / block_size;
             let room = self.admission_room().saturating_sub(outstanding);
@@ -199,8 +213,8 @@ impl<M> Scheduler<M> {
                 self.requeue(head, None);
                 return;
             }
-            let seq = match self.resume_or_start(&head) {
-                Ok(seq) => seq,
+            let candidate = match self.resume_or_start(&head) {
+                Ok(candidate) => candidate,
                 Err(err) => {
                     debug!(id = %head.id(), %err, "request cannot start");
                     plan.finished
@@ -208,19 +222,19 @@ impl<M> Scheduler<M> {
                     continue;
                 }
             };
-            let matched = seq.held_blocks() as u64;
+            let matched = candidate.seq.held_blocks() as u64;
             let charged = cost.saturating_sub(matched);
             if charged > self.admission_room().saturating_sub(outstanding) {
                 // Parked with its prompt hashed; its blocks go back to the
                 // cache until it is tried again.
                 self.blocked_head = Some((head.id(), room));
-                let mut seq = seq;
-                let _ = seq.release();
-                self.requeue(head, Some(seq));
+                let mut candidate = candidate;
+                let _ = candidate.seq.release();
+                self.requeue(head, Some(candidate));
                 return;
             }
             self.blocked_head = None;
-            if !self.start_seq(head, seq, budget, plan) {
+            if !self.start_seq(head, candidate, budget, plan) {
                 return;
             }
             let allocated = self
@@ -250,16 +264,16 @@ impl<M> Scheduler<M> {
         Some(cost.min(pool))
     }
 
-    /// The sequence of an admitted request: a preempted one reacquires its
-    /// cached prefix, a new one is built and matched.
+    /// The sequence of an admitted request, holding its cached prefix: a
+    /// parked one reacquires it, a new one is built and matched.
     pub(super) fn resume_or_start(
         &mut self,
         admitted: &Admitted<InferenceRequest>,
-    ) -> Result<SchedulableSequence<M>, ScheduleError> {
+    ) -> Result<Parked<M>, ScheduleError> {
         let id = admitted.id();
-        if let Some(mut seq) = self.parked.remove(&id) {
-            seq.reacquire(&self.manager)?;
-            return Ok(seq);
+        if let Some(mut parked) = self.parked.remove(&id) {
+            parked.seq.reacquire(&self.manager)?;
+            return Ok(parked);
         }
         let request = admitted.request();
         // Room for the prompt and a bounded start on the output: memory grows
@@ -278,6 +292,9 @@ impl<M> Scheduler<M> {
         .history(HistoryPolicy::Off)
         .build()?;
         seq.match_and_add_prefix(&self.manager)?;
-        Ok(seq)
+        Ok(Parked {
+            seq,
+            admitted_before: false,
+        })
     }
 }

@@ -61,6 +61,7 @@ impl<M> Scheduler<M> {
         }
         done.clear();
         self.scratch.done = done;
+        self.counters.generated_tokens += report.generated_tokens as u64;
         self.counters.spec_proposed_tokens += report.verified_draft_tokens as u64;
         self.counters.spec_accepted_tokens += report.accepted_draft_tokens as u64;
         // Requests cancelled while the engine ran end now, after their
@@ -68,6 +69,7 @@ impl<M> Scheduler<M> {
         self.reindex();
         self.end_cancelled(&mut report.finished);
         debug!(step, finished = report.finished.len(), "step applied");
+        self.record_metrics();
         Ok(report)
     }
 

@@ -36,6 +36,13 @@ pub struct Census {
     pub spec_proposed_tokens: u64,
     /// Of those, the ones the engine accepted.
     pub spec_accepted_tokens: u64,
+    /// Prompt tokens of first admissions (resumptions not counted): what
+    /// the prefix cache was asked for (vLLM's `prefix_cache_queries`).
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found cached (vLLM's `prefix_cache_hits`).
+    pub prefix_cache_hits: u64,
+    /// Tokens generated (sampled and accepted) so far.
+    pub generated_tokens: u64,
 }
 
 impl Census {
@@ -69,6 +76,9 @@ impl<M> Scheduler<M> {
             prefix_hit_tokens: self.counters.prefix_hit_tokens,
             spec_proposed_tokens: self.counters.spec_proposed_tokens,
             spec_accepted_tokens: self.counters.spec_accepted_tokens,
+            prefix_cache_queries: self.counters.prefix_cache_queries,
+            prefix_cache_hits: self.counters.prefix_cache_hits,
+            generated_tokens: self.counters.generated_tokens,
         }
     }
 

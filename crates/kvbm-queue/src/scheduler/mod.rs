@@ -12,6 +12,7 @@ mod preemption;
 mod request;
 mod running;
 mod step;
+mod telemetry;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -29,6 +30,8 @@ pub use self::plan::{
 };
 pub use self::request::{FinishReason, InferenceRequest, RequestId};
 use self::running::{Running, Scratch};
+use self::telemetry::Telemetry;
+pub use self::telemetry::{describe_metrics, names as metric_names};
 use crate::{QueueConfig, Rejected, RequestQueue, SchedulerError};
 
 /// Continuous-batching scheduler for one block pool.
@@ -72,8 +75,9 @@ pub struct Scheduler<M> {
     /// Where each running request is in `running`, for O(1) lookups by id;
     /// rebuilt whenever a public call changed `running`.
     positions: Positions,
-    /// Sequences of preempted requests, waiting in the queue to resume.
-    parked: HashMap<RequestId, SchedulableSequence<M>>,
+    /// Sequences of waiting requests worth keeping (preempted ones, and
+    /// candidates put back with their prompt hashed), until they resume.
+    parked: HashMap<RequestId, Parked<M>>,
     /// The planned step awaiting `apply`, and requests aborted meanwhile.
     pending: Option<PendingStep>,
     next_step: u64,
@@ -84,6 +88,8 @@ pub struct Scheduler<M> {
     counters: Counters,
     /// Reused by `apply` so committing a step allocates nothing per request.
     scratch: Scratch,
+    /// Metric handles (no-ops without an installed recorder).
+    telemetry: Telemetry,
 }
 
 /// Index of each running request in `Scheduler::running` (a fast hasher:
@@ -92,6 +98,15 @@ type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
 type OutputsById<'a> = HashMap<RequestId, &'a EngineOutput, foldhash::fast::RandomState>;
+
+/// A waiting request's sequence, holding no blocks.
+struct Parked<M> {
+    seq: SchedulableSequence<M>,
+    /// Whether it was admitted before (so a later admission is a
+    /// resumption, not its first: prefix-cache queries count only first
+    /// admissions).
+    admitted_before: bool,
+}
 
 #[derive(Debug)]
 struct PendingStep {
@@ -112,6 +127,9 @@ struct Counters {
     priority_preemptions: u64,
     prefix_hit_tokens: u64,
     prompt_tokens: u64,
+    prefix_cache_queries: u64,
+    prefix_cache_hits: u64,
+    generated_tokens: u64,
     spec_proposed_tokens: u64,
     spec_accepted_tokens: u64,
 }
@@ -154,6 +172,7 @@ impl<M> Scheduler<M> {
             blocked_head: None,
             counters: Counters::default(),
             scratch: Scratch::default(),
+            telemetry: Telemetry::default(),
         })
     }
 

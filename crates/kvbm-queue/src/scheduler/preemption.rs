@@ -2,11 +2,10 @@
 
 use std::cmp::Reverse;
 
-use kvbm_schedule::SchedulableSequence;
 use tracing::debug;
 
 use super::running::Running;
-use super::{InferenceRequest, Scheduler, StepPlan};
+use super::{InferenceRequest, Parked, Scheduler, StepPlan};
 use crate::Admitted;
 
 impl<M> Scheduler<M> {
@@ -21,7 +20,11 @@ impl<M> Scheduler<M> {
         debug_assert!(released.is_ok(), "preempted {id} mid-step");
         self.counters.preemptions += 1;
         plan.preempted.push(id);
-        self.requeue_boosted(admitted, Some(seq), self.config.preemption_boost);
+        let parked = Parked {
+            seq,
+            admitted_before: true,
+        };
+        self.requeue_boosted(admitted, Some(parked), self.config.preemption_boost);
         debug!(%id, "preempted");
     }
 
@@ -31,9 +34,9 @@ impl<M> Scheduler<M> {
     pub(super) fn requeue(
         &mut self,
         admitted: Admitted<InferenceRequest>,
-        seq: Option<SchedulableSequence<M>>,
+        parked: Option<Parked<M>>,
     ) {
-        self.requeue_boosted(admitted, seq, 0);
+        self.requeue_boosted(admitted, parked, 0);
     }
 
     /// [`requeue`](Self::requeue), raising its urgency by `boost` priority
@@ -41,14 +44,14 @@ impl<M> Scheduler<M> {
     fn requeue_boosted(
         &mut self,
         admitted: Admitted<InferenceRequest>,
-        seq: Option<SchedulableSequence<M>>,
+        parked: Option<Parked<M>>,
         boost: u32,
     ) {
         let id = admitted.id();
         match self.queue.restore_boosted(admitted, boost) {
             Ok(()) => {
-                if let Some(seq) = seq {
-                    self.parked.insert(id, seq);
+                if let Some(parked) = parked {
+                    self.parked.insert(id, parked);
                 }
             }
             Err(_closed) => {

@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 
 use kvbm_schedule::ScheduleError;
-use tracing::debug;
+use tracing::field::Empty;
+use tracing::{debug, debug_span};
 
 use super::running::Running;
 use super::{FinishReason, PendingStep, Scheduler, SchedulerError, StepPlan};
@@ -18,6 +19,15 @@ impl<M> Scheduler<M> {
         if let Some(pending) = &self.pending {
             return Err(SchedulerError::StepPending { step: pending.step });
         }
+        let span = debug_span!(
+            "step",
+            step = self.next_step,
+            prefill = Empty,
+            decode = Empty,
+            preempted = Empty,
+            tokens = Empty
+        );
+        let _entered = span.enter();
         let mut plan = StepPlan {
             step: self.next_step,
             ..StepPlan::default()
@@ -37,14 +47,12 @@ impl<M> Scheduler<M> {
             aborted: HashSet::new(),
             cancelled,
         });
-        debug!(
-            step = plan.step,
-            prefill = plan.prefill.len(),
-            decode = plan.decode.len(),
-            preempted = plan.preempted.len(),
-            tokens = plan.num_tokens(),
-            "step planned"
-        );
+        span.record("prefill", plan.prefill.len());
+        span.record("decode", plan.decode.len());
+        span.record("preempted", plan.preempted.len());
+        span.record("tokens", plan.num_tokens());
+        debug!("step planned");
+        self.record_metrics();
         Ok(plan)
     }
 

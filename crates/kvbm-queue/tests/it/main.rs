@@ -30,6 +30,8 @@ mod spec;
 #[cfg(not(kvbm_loom))]
 mod speculative;
 mod stress;
+#[cfg(not(kvbm_loom))]
+mod telemetry;
 
 use kvbm_queue::{Priority, QueueConfig, Request, RequestQueue};
 

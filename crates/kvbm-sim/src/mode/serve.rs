@@ -279,6 +279,9 @@ struct ServeSim<'a> {
     outputs: Vec<EngineOutput>,
     /// Prompt tokens, reused for every request.
     prompt: Vec<u32>,
+    /// Time to first token, in simulated seconds, through the `metrics`
+    /// facade (a no-op without a recorder).
+    ttft: metrics::Histogram,
     counters: Counters,
 }
 
@@ -346,6 +349,7 @@ impl<'a> ServeSim<'a> {
             now: 0,
             outputs: Vec::new(),
             prompt: Vec::new(),
+            ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
         }
     }
@@ -558,6 +562,8 @@ impl<'a> ServeSim<'a> {
                 && track.first_token == NEVER
             {
                 track.first_token = end;
+                let nanos = end.saturating_sub(track.arrival);
+                self.ttft.record(Duration::from_nanos(nanos).as_secs_f64());
             }
         }
         for finished in &report.finished {

@@ -6,6 +6,7 @@ mod errors;
 mod fuzz;
 #[cfg(not(kvbm_loom))]
 mod model;
+mod prometheus;
 mod reference;
 mod serve;
 mod sweep;
