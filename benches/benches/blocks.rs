@@ -31,8 +31,8 @@ mod ours {
         let mut out: Vec<SequenceHash> = Vec::with_capacity(values.len());
         for &value in values {
             let next = match out.last() {
-                Some(parent) => parent.child(value),
-                None => SequenceHash::root(value),
+                Some(parent) => parent.child(value.into()),
+                None => SequenceHash::root(value.into()),
             };
             out.push(next);
         }

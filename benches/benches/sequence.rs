@@ -146,6 +146,33 @@ fn hash_prompt(c: &mut Criterion) {
     group.finish();
 }
 
+/// One 16-token block, hashed and chained onto a parent, by each hasher:
+/// XXH3-128 (the default), keyed SipHash-1-3-128 (`Salt::keyed`).
+fn hash_block(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hash_block_16");
+    group.throughput(Throughput::Elements(1));
+    let block = random_tokens(2, 16);
+    let key = kvbm_sequence::HashKey::new(*b"bench-secret-key").leak();
+    let salts = [
+        ("xxh3-128", kvbm_sequence::Salt::NONE),
+        (
+            "siphash13-128-keyed",
+            kvbm_sequence::Salt::keyed(key, b"tenant"),
+        ),
+    ];
+    for (name, salt) in salts {
+        group.bench_function(name, |b| {
+            let mut parent = 1u128;
+            b.iter(|| {
+                let content = salt.block_hash(black_box(&block));
+                parent = salt.chain_hash(parent, content);
+                parent
+            })
+        });
+    }
+    group.finish();
+}
+
 /// 4096 tokens appended one at a time, as decoding does.
 fn append_tokens(c: &mut Criterion) {
     const TOKENS: usize = 4096;
@@ -302,6 +329,6 @@ criterion_group! {
         .warm_up_time(std::time::Duration::from_secs(1))
         .measurement_time(std::time::Duration::from_secs(3))
         .sample_size(30);
-    targets = hash_prompt, append_tokens, lifecycle_cold, lifecycle_warm
+    targets = hash_block, hash_prompt, append_tokens, lifecycle_cold, lifecycle_warm
 }
 criterion_main!(benches);

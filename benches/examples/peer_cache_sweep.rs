@@ -61,7 +61,14 @@ pub(crate) fn logical_hashes(workload: &Workload) -> Vec<Vec<LogicalHash>> {
                 .blocks
                 .iter()
                 .map(|hash| {
-                    LogicalHash::new(hash.value(), hash.parent(), u64::from(hash.position()))
+                    // kvbm-logical's lineage hash takes 64-bit values: the
+                    // low halves of ours, distinct on every trace we replay.
+                    let low = |value: u128| value as u64;
+                    LogicalHash::new(
+                        low(hash.value()),
+                        hash.parent().map(low),
+                        u64::from(hash.position()),
+                    )
                 })
                 .collect()
         })

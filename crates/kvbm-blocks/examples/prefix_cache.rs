@@ -18,11 +18,11 @@ fn prompt(r: u64, own_blocks: u64) -> Vec<SequenceHash> {
     let mut hashes = vec![SequenceHash::root(1)];
     for block in 1..SYSTEM_PROMPT_BLOCKS {
         let parent = hashes[hashes.len() - 1];
-        hashes.push(parent.child(1 + block));
+        hashes.push(parent.child(u128::from(1 + block)));
     }
     for block in 0..own_blocks {
         let parent = hashes[hashes.len() - 1];
-        hashes.push(parent.child(1_000 * (r + 1) + block));
+        hashes.push(parent.child(u128::from(1_000 * (r + 1) + block)));
     }
     hashes
 }

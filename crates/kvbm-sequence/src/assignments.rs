@@ -166,8 +166,8 @@ impl<M> LogicalBlockAssignments<M> {
             if actual != expected {
                 return Err(SequenceError::MatchedHashMismatch {
                     position: start + offset,
-                    expected,
-                    actual,
+                    expected: Box::new(expected),
+                    actual: Box::new(actual),
                 });
             }
         }

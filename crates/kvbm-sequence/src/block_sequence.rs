@@ -6,13 +6,14 @@ use std::ops::Range;
 
 use kvbm_blocks::SequenceHash;
 
-use crate::{Salt, SequenceError, block_hash, chain_hash};
+use crate::{Salt, SequenceError};
 
 /// The tokens of one request, split into full blocks of `block_size` tokens
 /// plus a partial tail, with one [`SequenceHash`] per full block.
 ///
-/// Block `i`'s hash chains [`block_hash`] of its tokens onto block `i - 1`'s
-/// (block 0 chains onto the [`Salt`]), so two sequences share the hash of
+/// Block `i`'s hash chains [`block_hash`](crate::block_hash) of its tokens
+/// onto block `i - 1`'s (block 0 chains onto the [`Salt`], whose key, if it
+/// has one, makes both steps keyed SipHash), so two sequences share the hash of
 /// block `i` exactly when they share the salt and every token up to the end of
 /// block `i`. That makes the hash the prefix-cache key. Its position is the
 /// block index and its parent the previous block's value.
@@ -205,10 +206,10 @@ impl BlockSequence {
 
 /// The hash of a block holding `tokens` after `previous` (or first, under `salt`).
 fn chain(previous: Option<SequenceHash>, salt: Salt, tokens: &[u32]) -> SequenceHash {
-    let content = block_hash(tokens);
+    let content = salt.block_hash(tokens);
     match previous {
-        Some(parent) => parent.child(chain_hash(parent.value(), content)),
-        None => SequenceHash::root(chain_hash(salt.get(), content)),
+        Some(parent) => parent.child(salt.chain_hash(parent.value(), content)),
+        None => SequenceHash::root(salt.chain_hash(salt.get(), content)),
     }
 }
 

@@ -47,10 +47,11 @@ pub enum SequenceError {
     MatchedHashMismatch {
         /// The block index that disagreed.
         position: usize,
-        /// The hash of the sequence's block there.
-        expected: SequenceHash,
+        /// The hash of the sequence's block there (boxed: two 128-bit
+        /// hashes would make every `Result` of this crate large).
+        expected: Box<SequenceHash>,
         /// The hash of the block offered.
-        actual: SequenceHash,
+        actual: Box<SequenceHash>,
     },
     /// Matched blocks can only continue the assigned prefix, and staged
     /// blocks already sit there.

@@ -1,99 +1,214 @@
 //! Token-block hashing: [`block_hash`] of a block's tokens, [`chain_hash`]
-//! to fold it onto its parent, and the [`Salt`] that roots every chain.
+//! to fold it onto its parent, and the [`Salt`] that roots every chain and
+//! picks the hash function.
 //!
-//! Both steps are XXH3-64 (`xxhash-rust`), over little-endian bytes, so the
-//! values are the same on every platform and can be recomputed by a router
-//! that never sees a [`BlockSequence`](crate::BlockSequence).
+//! By default both steps are XXH3-128 (`xxhash-rust`), over little-endian
+//! bytes, so the values are the same on every platform and can be recomputed
+//! by a router that never sees a [`BlockSequence`](crate::BlockSequence).
+//! A [keyed salt](Salt::keyed) switches both steps to SipHash-1-3-128 under a
+//! secret key.
+//!
+//! # Threat model
+//!
+//! A block's chained hash is the prefix-cache key: two requests whose blocks
+//! hash alike share KV. With a public hash function (XXH3, or any unkeyed
+//! hash) anyone who can send prompts can compute block hashes offline and
+//! search for token blocks whose chained hash equals another tenant's,
+//! then read or poison that tenant's cached KV through the collision (the
+//! class of vLLM's CVE-2025-25183). 128-bit values make *accidental*
+//! collisions negligible (about 2^-65 at 2^32 cached blocks, where 64-bit
+//! values make one likely), but XXH3 is not collision resistant against a
+//! deliberate search.
+//!
+//! [`Salt::keyed`] defends against the search: every block hash and chain
+//! step is SipHash-1-3-128 keyed with a per-deployment secret
+//! ([`HashKey`]), a pseudo-random function, so without the key no hash can
+//! be computed and no collision searched for offline. The tenant's name is
+//! mixed in under the key as the chain's root, so tenants sharing a key
+//! still cannot compute each other's hashes, and their caches stay apart.
+//! Keep the key out of logs (its `Debug` prints nothing of it), the same on
+//! every engine and router that must agree on hashes, and rotate it by
+//! restarting with an empty cache. Out of scope: an attacker who knows the
+//! key, and timing side channels of cache hits themselves.
 
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use std::fmt;
+use std::hash::Hasher;
+
+use siphasher::sip128::{Hasher128, SipHasher13};
+use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed};
 
 /// Seeds the chain step so a chained value never equals the plain XXH3 of
-/// the same 16 bytes by accident (any fixed constant would do).
+/// the same 32 bytes by accident (any fixed constant would do).
 const CHAIN_SEED: u64 = 0x6b76_626d_5f73_6571; // "kvbm_seq"
 
 /// Blocks up to this many tokens are encoded on the stack before hashing.
 const STACK_TOKENS: usize = 64;
 
-/// What isolates one family of caches from another: two sequences share block
-/// hashes only if they have the same salt.
+/// A secret 128-bit key for [keyed block hashing](Salt::keyed).
+///
+/// Generate it once per deployment from a cryptographic random source and
+/// give every engine and router of the deployment the same key. Salts refer
+/// to it for the life of the process (so they stay small and `Copy`): keep
+/// it in a `static`, or [`leak`](Self::leak) it once at startup. Its `Debug`
+/// output shows nothing of it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HashKey([u8; 16]);
+
+impl HashKey {
+    /// A key from 16 secret bytes.
+    pub const fn new(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    /// The key, moved to the heap for the rest of the process (16 bytes,
+    /// once per deployment key).
+    pub fn leak(self) -> &'static HashKey {
+        Box::leak(Box::new(self))
+    }
+}
+
+impl fmt::Debug for HashKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HashKey(<secret>)")
+    }
+}
+
+/// What isolates one family of caches from another, and which hash function
+/// names their blocks: two sequences share block hashes only if they have
+/// the same salt.
 ///
 /// Use one salt per LoRA adapter, tenant or model revision whose KV must not
 /// be shared. [`Salt::NONE`] (zero, the default) is the salt of a sequence
-/// created without one.
+/// created without one. Unkeyed salts hash with XXH3-128; a
+/// [keyed](Salt::keyed) one with SipHash-1-3-128 under its key (see the
+/// [module documentation](self) for the threat model).
 ///
 /// ```
-/// use kvbm_sequence::{BlockSequence, Salt};
+/// use kvbm_sequence::{BlockSequence, HashKey, Salt};
 /// let tokens: Vec<u32> = (0..8).collect();
 /// let base = BlockSequence::new(tokens.clone(), 4)?;
-/// let lora = BlockSequence::with_salt(tokens, 4, Salt::from_bytes(b"adapter-7"))?;
+/// let lora = BlockSequence::with_salt(tokens.clone(), 4, Salt::from_bytes(b"adapter-7"))?;
 /// assert_ne!(base.sequence_hashes()[0], lora.sequence_hashes()[0]);
+///
+/// let key = HashKey::new(*b"deployment-key!!").leak();
+/// let a = BlockSequence::with_salt(tokens.clone(), 4, Salt::keyed(key, b"tenant-a"))?;
+/// let b = BlockSequence::with_salt(tokens, 4, Salt::keyed(key, b"tenant-b"))?;
+/// assert_ne!(a.sequence_hashes()[0], b.sequence_hashes()[0]);
 /// # Ok::<(), kvbm_sequence::SequenceError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Salt(u64);
+pub struct Salt {
+    value: u128,
+    key: Option<&'static HashKey>,
+}
 
 impl Salt {
     /// No salt: what [`BlockSequence::new`](crate::BlockSequence::new) uses.
-    pub const NONE: Self = Self(0);
+    pub const NONE: Self = Self {
+        value: 0,
+        key: None,
+    };
 
-    /// A salt from a precomputed 64-bit value.
-    pub const fn new(value: u64) -> Self {
-        Self(value)
+    /// An unkeyed salt from a precomputed value.
+    pub const fn new(value: u128) -> Self {
+        Self { value, key: None }
     }
 
-    /// A salt from a name or any other bytes (XXH3-64 of them).
+    /// An unkeyed salt from a name or any other bytes (XXH3-128 of them).
     pub fn from_bytes(bytes: &[u8]) -> Self {
-        Self(xxh3_64(bytes))
+        Self::new(xxh3_128(bytes))
     }
 
-    /// The 64-bit value every chain of this salt starts from.
-    pub const fn get(self) -> u64 {
-        self.0
+    /// A keyed salt: blocks are hashed with SipHash-1-3-128 under `key`,
+    /// and each chain starts from the keyed hash of `tenant` (a tenant,
+    /// adapter or model name), so without the key no block hash of any
+    /// tenant can be computed.
+    pub fn keyed(key: &'static HashKey, tenant: &[u8]) -> Self {
+        Self {
+            value: siphash(key, tenant),
+            key: Some(key),
+        }
+    }
+
+    /// The value every chain of this salt starts from.
+    pub const fn get(self) -> u128 {
+        self.value
+    }
+
+    /// Whether block hashes under this salt are keyed.
+    pub const fn is_keyed(self) -> bool {
+        self.key.is_some()
+    }
+
+    /// The hash of one block's tokens under this salt's hash function:
+    /// [`block_hash`] unkeyed, keyed SipHash-1-3-128 of the same bytes
+    /// otherwise.
+    pub fn block_hash(self, tokens: &[u32]) -> u128 {
+        match self.key {
+            None => block_hash(tokens),
+            Some(key) => with_le_bytes(tokens, |bytes| siphash(key, bytes)),
+        }
+    }
+
+    /// Folds a block hash onto the chained value before it under this
+    /// salt's hash function: [`chain_hash`] unkeyed.
+    pub fn chain_hash(self, previous: u128, block_hash: u128) -> u128 {
+        match self.key {
+            None => chain_hash(previous, block_hash),
+            Some(key) => siphash(key, &chain_bytes(previous, block_hash)),
+        }
     }
 }
 
 /// The hash of one block's tokens alone, independent of its prefix and salt:
-/// XXH3-64 of the tokens as little-endian `u32`s.
+/// XXH3-128 of the tokens as little-endian `u32`s.
 ///
 /// ```
 /// use kvbm_sequence::block_hash;
 /// assert_eq!(block_hash(&[1, 2, 3, 4]), block_hash(&[1, 2, 3, 4]));
 /// assert_ne!(block_hash(&[1, 2, 3, 4]), block_hash(&[1, 2, 4, 3]));
 /// ```
-pub fn block_hash(tokens: &[u32]) -> u64 {
+pub fn block_hash(tokens: &[u32]) -> u128 {
+    with_le_bytes(tokens, xxh3_128)
+}
+
+/// Calls `hash` on `tokens` as little-endian bytes.
+#[inline(always)]
+fn with_le_bytes(tokens: &[u32], hash: impl FnOnce(&[u8]) -> u128) -> u128 {
     // Safe code cannot view `&[u32]` as bytes, and the byte order must be
     // fixed anyway, so the tokens are copied into a byte buffer first. For
     // the usual block sizes the copy has a constant length: it compiles to a
-    // few vector moves XXH3 can read back at once, where a variable-length
-    // `memcpy` made the reads stall and cost more than the hash itself.
+    // few vector moves the hash can read back at once, where a
+    // variable-length `memcpy` made the reads stall and cost more than the
+    // hash itself.
     if let Ok(block) = <&[u32; 16]>::try_from(tokens) {
-        return hash_fixed::<16, 64>(block);
+        return hash(&fixed::<16, 64>(block));
     }
     if let Ok(block) = <&[u32; 32]>::try_from(tokens) {
-        return hash_fixed::<32, 128>(block);
+        return hash(&fixed::<32, 128>(block));
     }
     if let Ok(block) = <&[u32; 64]>::try_from(tokens) {
-        return hash_fixed::<64, 256>(block);
+        return hash(&fixed::<64, 256>(block));
     }
     let len = tokens.len();
     if len <= STACK_TOKENS {
         let mut buf = [0u8; STACK_TOKENS * 4];
         encode(tokens, &mut buf);
-        xxh3_64(buf.get(..len * 4).unwrap_or_default())
+        hash(buf.get(..len * 4).unwrap_or_default())
     } else {
         let mut buf = vec![0u8; len * 4];
         encode(tokens, &mut buf);
-        xxh3_64(&buf)
+        hash(&buf)
     }
 }
 
-/// [`block_hash`] of exactly `TOKENS` tokens (`BYTES == 4 * TOKENS`).
+/// `TOKENS` tokens as little-endian bytes (`BYTES == 4 * TOKENS`).
 #[inline(always)]
-fn hash_fixed<const TOKENS: usize, const BYTES: usize>(tokens: &[u32; TOKENS]) -> u64 {
+fn fixed<const TOKENS: usize, const BYTES: usize>(tokens: &[u32; TOKENS]) -> [u8; BYTES] {
     debug_assert_eq!(BYTES, TOKENS * 4);
     let mut buf = [0u8; BYTES];
     encode(tokens, &mut buf);
-    xxh3_64(&buf)
+    buf
 }
 
 /// Writes `tokens` as little-endian bytes to the front of `buf`.
@@ -104,8 +219,24 @@ fn encode(tokens: &[u32], buf: &mut [u8]) {
     }
 }
 
+/// SipHash-1-3-128 of `bytes` under `key`.
+fn siphash(key: &HashKey, bytes: &[u8]) -> u128 {
+    let mut hasher = SipHasher13::new_with_key(&key.0);
+    hasher.write(bytes);
+    hasher.finish128().as_u128()
+}
+
+/// The 32 bytes a chain step hashes: the previous value, then the block's.
+fn chain_bytes(previous: u128, block_hash: u128) -> [u8; 32] {
+    let mut bytes = [0u8; 32];
+    bytes[..16].copy_from_slice(&previous.to_le_bytes());
+    bytes[16..].copy_from_slice(&block_hash.to_le_bytes());
+    bytes
+}
+
 /// Folds a block's [`block_hash`] onto the chained value before it: the
-/// parent block's chained value, or the [`Salt`] for the first block.
+/// parent block's chained value, or the [`Salt`] for the first block
+/// (XXH3-128, seeded, of the two values' little-endian bytes).
 ///
 /// The result identifies the block together with its whole prefix, so it is
 /// the prefix-cache key ([`SequenceHash::value`](kvbm_blocks::SequenceHash::value)).
@@ -119,33 +250,43 @@ fn encode(tokens: &[u32], buf: &mut [u8]) {
 /// assert_eq!(seq.sequence_hashes()[1].parent(), Some(first));
 /// # Ok::<(), kvbm_sequence::SequenceError>(())
 /// ```
-pub fn chain_hash(previous: u64, block_hash: u64) -> u64 {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&previous.to_le_bytes());
-    bytes[8..].copy_from_slice(&block_hash.to_le_bytes());
-    xxh3_64_with_seed(&bytes, CHAIN_SEED)
+pub fn chain_hash(previous: u128, block_hash: u128) -> u128 {
+    xxh3_128_with_seed(&chain_bytes(previous, block_hash), CHAIN_SEED)
 }
 
 #[cfg(test)]
 mod tests {
-    use xxhash_rust::xxh3::xxh3_64;
+    use siphasher::sip128::{Hasher128, SipHasher13};
+    use xxhash_rust::xxh3::xxh3_128;
 
-    use super::{Salt, block_hash, chain_hash};
+    use super::{HashKey, Salt, block_hash, chain_hash};
 
     /// The definition, written the slow obvious way.
-    fn reference(tokens: &[u32]) -> u64 {
+    fn reference(tokens: &[u32]) -> u128 {
         let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        xxh3_64(&bytes)
+        xxh3_128(&bytes)
+    }
+
+    fn keyed_reference(key: [u8; 16], tokens: &[u32]) -> u128 {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let mut hasher = SipHasher13::new_with_key(&key);
+        std::hash::Hasher::write(&mut hasher, &bytes);
+        hasher.finish128().as_u128()
     }
 
     #[test]
     fn every_encoding_path_hashes_the_little_endian_bytes() {
         // Fixed sizes (16, 32, 64), the stack buffer and the heap buffer.
         let tokens: Vec<u32> = (0..200u32).map(|t| t.wrapping_mul(0x9e37_79b9)).collect();
+        let key = *b"0123456789abcdef";
+        let keyed = Salt::keyed(HashKey::new(key).leak(), b"t");
         for len in 0..=tokens.len() {
+            let block = &tokens[..len];
+            assert_eq!(block_hash(block), reference(block), "len {len}");
+            assert_eq!(Salt::NONE.block_hash(block), reference(block), "len {len}");
             assert_eq!(
-                block_hash(&tokens[..len]),
-                reference(&tokens[..len]),
+                keyed.block_hash(block),
+                keyed_reference(key, block),
                 "len {len}"
             );
         }
@@ -155,11 +296,38 @@ mod tests {
     fn chain_hash_depends_on_both_inputs_and_their_order() {
         assert_ne!(chain_hash(1, 2), chain_hash(2, 1));
         assert_ne!(chain_hash(1, 2), chain_hash(1, 3));
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&1u64.to_le_bytes());
-        bytes[8..].copy_from_slice(&2u64.to_le_bytes());
-        assert_ne!(chain_hash(1, 2), xxh3_64(&bytes), "seeded, not plain XXH3");
+        let mut bytes = [0u8; 32];
+        bytes[..16].copy_from_slice(&1u128.to_le_bytes());
+        bytes[16..].copy_from_slice(&2u128.to_le_bytes());
+        assert_ne!(chain_hash(1, 2), xxh3_128(&bytes), "seeded, not plain XXH3");
         assert_eq!(chain_hash(5, 6), chain_hash(5, 6));
+        // The upper 64 bits matter: values that agree in their low halves
+        // chain apart.
+        assert_ne!(chain_hash(1, 2), chain_hash(1 | 1 << 64, 2));
+    }
+
+    #[test]
+    fn keys_and_tenants_separate_every_hash() {
+        let k1 = HashKey::new([1; 16]).leak();
+        let k2 = HashKey::new([2; 16]).leak();
+        let tokens = [7u32; 16];
+        let a = Salt::keyed(k1, b"a");
+        assert_eq!(a, Salt::keyed(k1, b"a"));
+        assert_ne!(a.get(), Salt::keyed(k1, b"b").get(), "tenants differ");
+        assert_ne!(a.get(), Salt::keyed(k2, b"a").get(), "keys differ");
+        assert_ne!(
+            a.block_hash(&tokens),
+            Salt::keyed(k2, b"a").block_hash(&tokens)
+        );
+        assert_ne!(
+            a.block_hash(&tokens),
+            block_hash(&tokens),
+            "keyed is not XXH3"
+        );
+        assert_ne!(a.chain_hash(1, 2), chain_hash(1, 2));
+        assert!(a.is_keyed() && !Salt::NONE.is_keyed());
+        assert_eq!(format!("{k1:?}"), "HashKey(<secret>)");
+        assert!(!format!("{a:?}").contains("1, 1"), "{a:?} shows the key");
     }
 
     #[test]
@@ -167,7 +335,7 @@ mod tests {
         assert_eq!(Salt::default(), Salt::NONE);
         assert_eq!(Salt::NONE.get(), 0);
         assert_eq!(Salt::new(7).get(), 7);
-        assert_eq!(Salt::from_bytes(b"a"), Salt::new(xxh3_64(b"a")));
+        assert_eq!(Salt::from_bytes(b"a"), Salt::new(xxh3_128(b"a")));
         assert_ne!(Salt::from_bytes(b"a"), Salt::from_bytes(b"b"));
     }
 }

@@ -65,5 +65,5 @@ mod test_support;
 pub use assignments::LogicalBlockAssignments;
 pub use block_sequence::BlockSequence;
 pub use error::SequenceError;
-pub use hash::{Salt, block_hash, chain_hash};
+pub use hash::{HashKey, Salt, block_hash, chain_hash};
 pub use request::RequestSequence;

@@ -8,7 +8,7 @@
 //! with trace id `x` gets the chained value
 //!
 //! ```text
-//! value = xxh3_64_with_seed(le(parent) ++ le(x) ++ le(j as u32), SUB_BLOCK_SEED)
+//! value = xxh3_128_with_seed(le(parent) ++ le(x) ++ le(j as u32), SUB_BLOCK_SEED)
 //! ```
 //!
 //! where `parent` is the value of the sub-block right before it in the
@@ -37,7 +37,7 @@ use foldhash::HashSet;
 use foldhash::HashSetExt;
 use kvbm_blocks::SequenceHash;
 use tracing::instrument;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use crate::trace::TRACE_BLOCK_TOKENS;
 use crate::{SimError, Trace};
@@ -48,12 +48,12 @@ pub const SUB_BLOCK_SEED: u64 = u64::from_le_bytes(*b"kvbm-sim");
 
 /// The chained value of sub-block `sub_index` of the trace block `trace_id`,
 /// after the sub-block whose value is `parent` (0 for the first).
-pub fn sub_block_value(parent: u64, trace_id: u64, sub_index: u32) -> u64 {
-    let mut bytes = [0u8; 20];
-    bytes[..8].copy_from_slice(&parent.to_le_bytes());
-    bytes[8..16].copy_from_slice(&trace_id.to_le_bytes());
-    bytes[16..].copy_from_slice(&sub_index.to_le_bytes());
-    xxh3_64_with_seed(&bytes, SUB_BLOCK_SEED)
+pub fn sub_block_value(parent: u128, trace_id: u64, sub_index: u32) -> u128 {
+    let mut bytes = [0u8; 28];
+    bytes[..16].copy_from_slice(&parent.to_le_bytes());
+    bytes[16..24].copy_from_slice(&trace_id.to_le_bytes());
+    bytes[24..].copy_from_slice(&sub_index.to_le_bytes());
+    xxh3_128_with_seed(&bytes, SUB_BLOCK_SEED)
 }
 
 /// Where one request's blocks sit in the workload's flat hash array.

@@ -49,12 +49,12 @@ impl FrequencySketch {
         }
     }
 
-    fn cell(&self, row: usize, key: u64) -> usize {
+    fn cell(&self, row: usize, key: u128) -> usize {
         row * (self.mask + 1) + (self.rows[row].hash_one(key) as usize & self.mask)
     }
 
     /// Counts one access to `key`.
-    pub(crate) fn increment(&mut self, key: u64) {
+    pub(crate) fn increment(&mut self, key: u128) {
         for row in 0..ROWS {
             let cell = self.cell(row, key);
             if self.counts[cell] < MAX_COUNT {
@@ -68,7 +68,7 @@ impl FrequencySketch {
     }
 
     /// The estimated access count of `key` (never an underestimate, before aging).
-    pub(crate) fn estimate(&self, key: u64) -> u8 {
+    pub(crate) fn estimate(&self, key: u128) -> u8 {
         (0..ROWS)
             .map(|row| self.counts[self.cell(row, key)])
             .min()

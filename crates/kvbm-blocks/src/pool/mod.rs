@@ -288,7 +288,8 @@ impl PoolState {
     }
 
     /// The block registered under a chained hash value.
-    fn registered(&self, value: u64) -> Option<BlockId> {
+    #[inline]
+    fn registered(&self, value: u128) -> Option<BlockId> {
         let slots = &self.slots;
         self.registry
             .get(value, |id| slots[id.index()].hash.value())

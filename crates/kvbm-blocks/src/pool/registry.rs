@@ -30,19 +30,21 @@ impl Registry {
         }
     }
 
-    fn hash(&self, value: u64) -> u64 {
+    #[inline]
+    fn hash(&self, value: u128) -> u64 {
         self.hasher.hash_one(value)
     }
 
     /// The block registered under `value`; `key_of` reads a block's key.
-    pub(super) fn get(&self, value: u64, key_of: impl Fn(BlockId) -> u64) -> Option<BlockId> {
+    #[inline]
+    pub(super) fn get(&self, value: u128, key_of: impl Fn(BlockId) -> u128) -> Option<BlockId> {
         self.table
             .find(self.hash(value), |&id| key_of(id) == value)
             .copied()
     }
 
     /// Registers `id` under `value`, which must not be registered yet.
-    pub(super) fn insert(&mut self, value: u64, id: BlockId, key_of: impl Fn(BlockId) -> u64) {
+    pub(super) fn insert(&mut self, value: u128, id: BlockId, key_of: impl Fn(BlockId) -> u128) {
         let hasher = &self.hasher;
         let hash = hasher.hash_one(value);
         self.table
@@ -51,7 +53,7 @@ impl Registry {
 
     /// Unregisters `id`, registered under `value`; whether it was there.
     /// Only ids are compared, so the slot's key is not read.
-    pub(super) fn remove(&mut self, value: u64, id: BlockId) -> bool {
+    pub(super) fn remove(&mut self, value: u128, id: BlockId) -> bool {
         match self
             .table
             .find_entry(self.hash(value), |&other| other == id)

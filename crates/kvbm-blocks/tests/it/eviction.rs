@@ -4,7 +4,7 @@ use kvbm_blocks::{EvictionPolicy, SequenceHash};
 
 use crate::{Gpu, audit, chain, manager_with, register};
 
-fn evicted(manager: &kvbm_blocks::BlockManager<Gpu>, n: usize) -> Vec<u64> {
+fn evicted(manager: &kvbm_blocks::BlockManager<Gpu>, n: usize) -> Vec<u128> {
     let allocation = manager.allocate_blocks_with_evictions(n).unwrap();
     allocation.evicted.iter().map(|h| h.value()).collect()
 }

@@ -120,8 +120,8 @@ fn hashes(first: u64, len: usize) -> Vec<SequenceHash> {
     let mut out: Vec<SequenceHash> = Vec::new();
     for value in first..first.saturating_add(len.min(12) as u64) {
         out.push(match out.last() {
-            None => SequenceHash::root(value),
-            Some(parent) => parent.child(value),
+            None => SequenceHash::root(value.into()),
+            Some(parent) => parent.child(value.into()),
         });
     }
     out
@@ -171,7 +171,7 @@ fn apply(managers: &[BlockManager<Gpu>; 2], held: &mut Held, op: Op) -> Result<(
             if let Some(i) = pick(&held.mutable, handle) {
                 let block = held.mutable.swap_remove(i);
                 let id = block.block_id();
-                match block.stage(SequenceHash::root(value), tokens) {
+                match block.stage(SequenceHash::root(value.into()), tokens) {
                     Ok(complete) => held.complete.push(complete),
                     Err(rejected) => {
                         let (error, block) = rejected.into_parts();

@@ -271,7 +271,7 @@ fn hand_made_sequential_hashes_all_stay_distinct_at_scale() {
     // resolve to their own block (lookups stay O(1): see the benches).
     const N: u32 = 1 << 18;
     let manager = manager(N as usize);
-    let hashes: Vec<SequenceHash> = (0..u64::from(N)).map(SequenceHash::root).collect();
+    let hashes: Vec<SequenceHash> = (0..u128::from(N)).map(SequenceHash::root).collect();
     let blocks = register(&manager, &hashes);
     let matched = manager.match_blocks(&hashes[N as usize - 3..]);
     assert_eq!(

@@ -38,8 +38,8 @@ pub(crate) fn chain(first: u64, len: usize) -> Vec<SequenceHash> {
     let mut hashes: Vec<SequenceHash> = Vec::with_capacity(len);
     for value in first..first + len as u64 {
         let next = match hashes.last() {
-            Some(parent) => parent.child(value),
-            None => SequenceHash::root(value),
+            Some(parent) => parent.child(value.into()),
+            None => SequenceHash::root(value.into()),
         };
         hashes.push(next);
     }

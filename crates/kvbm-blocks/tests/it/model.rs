@@ -18,6 +18,7 @@ use crate::{BLOCK_SIZE, Gpu, manager_with};
 /// Hash values chain in runs of four (0 <- 1 <- 2 <- 3, 4 <- 5 ...), so
 /// lineage sees parents while the registry key stays the plain value.
 fn hash_of(value: u64) -> SequenceHash {
+    let value = u128::from(value);
     match value % 4 {
         0 => SequenceHash::root(value),
         position => SequenceHash::from_parts(value, Some(value - 1), position as u32).unwrap(),
@@ -461,11 +462,11 @@ fn run(blocks: usize, policy: EvictionPolicy, ops: &[Op]) -> Result<(), TestCase
                 }
             }
             Op::ClearCache => {
-                let cleared: Vec<u64> = manager.clear_cache().iter().map(|h| h.value()).collect();
+                let cleared: Vec<u128> = manager.clear_cache().iter().map(|h| h.value()).collect();
                 if let Some(model) = &mut model {
                     let mut expected = Vec::new();
                     while let Some(id) = model.evict() {
-                        expected.push(model.slots[id as usize].value);
+                        expected.push(u128::from(model.slots[id as usize].value));
                         model.free.push(id);
                     }
                     prop_assert_eq!(cleared, expected);

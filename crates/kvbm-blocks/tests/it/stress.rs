@@ -23,10 +23,10 @@ fn next(state: &mut u64) -> u64 {
 }
 
 fn chain(first: u64, len: u64) -> Vec<SequenceHash> {
-    let mut hashes = vec![SequenceHash::root(first)];
+    let mut hashes = vec![SequenceHash::root(first.into())];
     for value in first + 1..first + len {
         let parent = hashes[hashes.len() - 1];
-        hashes.push(parent.child(value));
+        hashes.push(parent.child(value.into()));
     }
     hashes
 }

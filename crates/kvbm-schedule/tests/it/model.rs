@@ -513,7 +513,7 @@ fn check_all(
     seqs: &[SchedulableSequence<Gpu>],
     models: &[Model],
     m: &BlockManager<Gpu>,
-    computed: &mut BTreeSet<u64>,
+    computed: &mut BTreeSet<u128>,
 ) -> Result<(), TestCaseError> {
     let mut mutable = 0;
     let mut active = BTreeSet::new();

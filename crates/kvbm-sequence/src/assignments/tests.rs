@@ -141,8 +141,8 @@ fn extend_assigned_refuses_blocks_that_are_not_the_prefix() {
         a.extend_assigned(wrong, &s).unwrap_err(),
         SequenceError::MatchedHashMismatch {
             position: 0,
-            expected: s.sequence_hashes()[0],
-            actual: other.sequence_hashes()[0],
+            expected: Box::new(s.sequence_hashes()[0]),
+            actual: Box::new(other.sequence_hashes()[0]),
         }
     );
     let too_many = m.match_blocks(longer.sequence_hashes());

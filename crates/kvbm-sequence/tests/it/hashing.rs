@@ -1,14 +1,24 @@
 //! Property tests of block hashing: equal prefixes give equal hashes, and any
-//! differing token or salt changes every hash from its block on.
+//! differing token or salt changes every hash from its block on, for plain
+//! (XXH3-128) and keyed (SipHash-1-3-128) salts alike.
 
-use kvbm_sequence::{BlockSequence, Salt};
+use kvbm_sequence::{BlockSequence, HashKey, Salt};
 use proptest::prelude::*;
 
 fn tokens(max_len: usize) -> impl Strategy<Value = Vec<u32>> {
     prop::collection::vec(0u32..64, 0..max_len)
 }
 
-fn values(seq: &BlockSequence) -> Vec<u64> {
+/// Plain salts and keyed ones (a key and a tenant name).
+fn salt() -> impl Strategy<Value = Salt> {
+    prop_oneof![
+        any::<u128>().prop_map(Salt::new),
+        (any::<[u8; 16]>(), prop::collection::vec(any::<u8>(), 0..8))
+            .prop_map(|(key, tenant)| Salt::keyed(HashKey::new(key).leak(), &tenant)),
+    ]
+}
+
+fn values(seq: &BlockSequence) -> Vec<u128> {
     seq.sequence_hashes().iter().map(|h| h.value()).collect()
 }
 
@@ -24,12 +34,12 @@ proptest! {
         tail_a in tokens(32),
         tail_b in tokens(32),
         block_size in 1usize..9,
-        salt in any::<u64>(),
+        salt in salt(),
     ) {
         let a_tokens = [&prefix[..], &tail_a[..]].concat();
         let b_tokens = [&prefix[..], &tail_b[..]].concat();
-        let a = BlockSequence::with_salt(a_tokens.clone(), block_size, Salt::new(salt)).unwrap();
-        let b = BlockSequence::with_salt(b_tokens.clone(), block_size, Salt::new(salt)).unwrap();
+        let a = BlockSequence::with_salt(a_tokens.clone(), block_size, salt).unwrap();
+        let b = BlockSequence::with_salt(b_tokens.clone(), block_size, salt).unwrap();
         let first_difference = a_tokens
             .iter()
             .zip(&b_tokens)
@@ -70,12 +80,12 @@ proptest! {
     fn another_salt_changes_every_hash(
         tokens in tokens(96),
         block_size in 1usize..9,
-        salt in any::<u64>(),
-        other in any::<u64>(),
+        salt in salt(),
+        other in salt(),
     ) {
         prop_assume!(salt != other);
-        let a = values(&BlockSequence::with_salt(tokens.clone(), block_size, Salt::new(salt)).unwrap());
-        let b = values(&BlockSequence::with_salt(tokens, block_size, Salt::new(other)).unwrap());
+        let a = values(&BlockSequence::with_salt(tokens.clone(), block_size, salt).unwrap());
+        let b = values(&BlockSequence::with_salt(tokens, block_size, other).unwrap());
         for (block, (x, y)) in a.iter().zip(&b).enumerate() {
             prop_assert_ne!(x, y, "block {}", block);
         }

@@ -19,7 +19,7 @@ fn trace(requests: &[(u64, &[u64])]) -> Trace {
     .unwrap()
 }
 
-fn values(workload: &Workload, index: usize) -> Vec<u64> {
+fn values(workload: &Workload, index: usize) -> Vec<u128> {
     workload
         .get(index)
         .unwrap()

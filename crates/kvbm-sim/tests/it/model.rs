@@ -20,8 +20,8 @@ enum Place {
 struct LruModel {
     capacity: usize,
     free: usize,
-    places: HashMap<u64, Place>,
-    by_tick: BTreeMap<u64, u64>,
+    places: HashMap<u128, Place>,
+    by_tick: BTreeMap<u64, u128>,
     tick: u64,
     evictions: u64,
 }
@@ -38,7 +38,7 @@ impl LruModel {
         }
     }
 
-    fn pin(&mut self, hash: u64) -> bool {
+    fn pin(&mut self, hash: u128) -> bool {
         match self.places.get(&hash) {
             Some(&Place::Cached(tick)) => {
                 self.by_tick.remove(&tick);
@@ -50,7 +50,7 @@ impl LruModel {
         }
     }
 
-    fn request(&mut self, hashes: &[u64]) -> RequestOutcome {
+    fn request(&mut self, hashes: &[u128]) -> RequestOutcome {
         let mut held = Vec::new();
         for &hash in hashes {
             if !self.pin(hash) {
@@ -127,7 +127,7 @@ proptest! {
         let mut sim = CacheSim::new(block_size, capacity, Eviction::Lru).unwrap();
         let mut model = LruModel::new(capacity);
         for (index, request) in workload.requests().enumerate() {
-            let hashes: Vec<u64> = request.blocks.iter().map(|hash| hash.value()).collect();
+            let hashes: Vec<u128> = request.blocks.iter().map(|hash| hash.value()).collect();
             let expected = model.request(&hashes);
             let got = sim.replay_request(&request).unwrap();
             prop_assert_eq!(got, expected, "request {}", index);
