@@ -113,6 +113,21 @@ impl SequenceHash {
         self.position
     }
 
+    /// The stored halves (value, parent) and position, for structures that
+    /// lay them out beside other fields without the struct's padding.
+    pub(crate) const fn to_raw(self) -> ([u64; 2], [u64; 2], u32) {
+        (self.value, self.parent, self.position)
+    }
+
+    /// The hash [`to_raw`](Self::to_raw) took apart.
+    pub(crate) const fn from_raw(value: [u64; 2], parent: [u64; 2], position: u32) -> Self {
+        Self {
+            value,
+            parent,
+            position,
+        }
+    }
+
     /// Whether this is the first block of a sequence.
     pub const fn is_root(self) -> bool {
         self.position == 0

@@ -63,9 +63,14 @@ enum SlotState {
     Duplicate,
 }
 
+/// One block's state. The hash is stored as its raw fields, beside the
+/// others, so the slot is 48 bytes where a nested `SequenceHash` (with its
+/// own padding) made it 56.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
-    hash: SequenceHash,
+    value: [u64; 2],
+    parent: [u64; 2],
+    position: u32,
     /// Handles pinning a registered or duplicate block. Sticky at `u32::MAX`:
     /// a block cloned four billion times stays pinned rather than wrapping.
     refs: u32,
@@ -73,6 +78,31 @@ struct Slot {
     /// `WeakBlock` from before cannot upgrade into the slot's next life.
     epoch: u32,
     state: SlotState,
+}
+
+impl Slot {
+    fn new(hash: SequenceHash, refs: u32, epoch: u32, state: SlotState) -> Self {
+        let (value, parent, position) = hash.to_raw();
+        Self {
+            value,
+            parent,
+            position,
+            refs,
+            epoch,
+            state,
+        }
+    }
+
+    /// The hash the slot holds (meaningful while registered or duplicate).
+    fn hash(&self) -> SequenceHash {
+        SequenceHash::from_raw(self.value, self.parent, self.position)
+    }
+
+    /// The chained value of [`hash`](Self::hash): the registry key.
+    #[inline]
+    fn value(&self) -> u128 {
+        self.hash().value()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -106,12 +136,7 @@ impl PoolState {
         duplicates: DuplicatePolicy,
         record_events: bool,
     ) -> Result<Self, BlockError> {
-        let empty = Slot {
-            hash: SequenceHash::root(0),
-            refs: 0,
-            epoch: 0,
-            state: SlotState::Free,
-        };
+        let empty = Slot::new(SequenceHash::root(0), 0, 0, SlotState::Free);
         // The two largest tables, reserved fallibly: a pool too large for
         // this machine is a typed error, not an abort. (The smaller ones
         // below then fit in all but the narrowest margins.)
@@ -194,7 +219,7 @@ impl PoolState {
         let id = self.inactive.evict()?;
         let slot = &mut self.slots[id.index()];
         debug_assert!(slot.state == SlotState::Registered && slot.refs == 0);
-        let hash = slot.hash;
+        let hash = slot.hash();
         slot.state = SlotState::Free;
         slot.epoch = slot.epoch.wrapping_add(1);
         self.registry.remove(hash.value(), id);
@@ -223,12 +248,7 @@ impl PoolState {
             match self.duplicates {
                 DuplicatePolicy::Allow => {
                     let slot = &mut self.slots[id.index()];
-                    *slot = Slot {
-                        hash,
-                        refs: 1,
-                        epoch: slot.epoch,
-                        state: SlotState::Duplicate,
-                    };
+                    *slot = Slot::new(hash, 1, slot.epoch, SlotState::Duplicate);
                     return BlockInfo::new(id, slot.epoch, hash);
                 }
                 DuplicatePolicy::Deduplicate => {
@@ -246,14 +266,9 @@ impl PoolState {
         };
         let slots = &self.slots;
         self.registry
-            .insert(hash.value(), id, |other| slots[other.index()].hash.value());
+            .insert(hash.value(), id, |other| slots[other.index()].value());
         let slot = &mut self.slots[id.index()];
-        *slot = Slot {
-            hash,
-            refs: 1,
-            epoch: slot.epoch,
-            state: SlotState::Registered,
-        };
+        *slot = Slot::new(hash, 1, slot.epoch, SlotState::Registered);
         let info = BlockInfo::new(id, slot.epoch, hash);
         self.inactive.on_register(id, hash, parent);
         if let Some(events) = &mut self.events {
@@ -269,7 +284,7 @@ impl PoolState {
             self.inactive.remove(id);
         }
         slot.refs = slot.refs.saturating_add(1);
-        BlockInfo::new(id, slot.epoch, slot.hash)
+        BlockInfo::new(id, slot.epoch, slot.hash())
     }
 
     /// Appends the longest registered prefix of `hashes` to `out`, taking a
@@ -291,8 +306,7 @@ impl PoolState {
     #[inline]
     fn registered(&self, value: u128) -> Option<BlockId> {
         let slots = &self.slots;
-        self.registry
-            .get(value, |id| slots[id.index()].hash.value())
+        self.registry.get(value, |id| slots[id.index()].value())
     }
 
     /// Whether `hash` is registered (held or cached).
@@ -319,7 +333,7 @@ impl PoolState {
             return;
         }
         match slot.state {
-            SlotState::Registered => self.inactive.insert(id, slot.hash),
+            SlotState::Registered => self.inactive.insert(id, slot.hash()),
             SlotState::Duplicate => {
                 slot.state = SlotState::Free;
                 slot.epoch = slot.epoch.wrapping_add(1);
@@ -336,7 +350,7 @@ impl PoolState {
     pub(crate) fn upgrade(&mut self, info: &BlockInfo) -> bool {
         let slot = &self.slots[info.block_id().index()];
         let live = slot.epoch == info.epoch()
-            && slot.hash.value() == info.sequence_hash().value()
+            && slot.value() == info.sequence_hash().value()
             && match slot.state {
                 SlotState::Registered => true,
                 SlotState::Duplicate => slot.refs > 0,
@@ -417,8 +431,7 @@ impl PoolState {
             if slot.state == SlotState::Duplicate && slot.refs == 0 {
                 return fail(format!("duplicate {id} has no references"));
             }
-            if slot.state == SlotState::Registered && self.registered(slot.hash.value()) != Some(id)
-            {
+            if slot.state == SlotState::Registered && self.registered(slot.value()) != Some(id) {
                 return fail(format!("registered {id} is not in the registry"));
             }
         }

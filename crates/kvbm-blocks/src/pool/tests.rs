@@ -77,7 +77,7 @@ fn a_stray_registry_entry_is_caught() {
     let mut pool = pool_with_registered_block();
     let slots = &pool.slots;
     pool.registry
-        .insert(99, BlockId::new(3), |id| slots[id.index()].hash.value());
+        .insert(99, BlockId::new(3), |id| slots[id.index()].value());
     assert!(violation(&pool).contains("registry holds 3 hashes for 2"));
 }
 
@@ -93,4 +93,17 @@ fn references_are_sticky_at_saturation_instead_of_wrapping() {
         "a saturated block stays pinned"
     );
     assert_eq!(pool.inactive.len(), 1);
+}
+
+#[test]
+fn a_slot_is_48_bytes_and_a_hash_40() {
+    // Memory per cached block is mostly the slot; a nested `SequenceHash`
+    // (40 bytes with padding) made it 56.
+    assert_eq!(std::mem::size_of::<Slot>(), 48);
+    assert_eq!(std::mem::size_of::<SequenceHash>(), 40);
+    let hash = SequenceHash::root(u128::MAX - 5).child(1 << 100);
+    let slot = Slot::new(hash, 2, 3, SlotState::Registered);
+    assert_eq!(slot.hash(), hash);
+    assert_eq!(slot.value(), 1 << 100);
+    assert_eq!(hash.parent(), Some(u128::MAX - 5));
 }
