@@ -22,7 +22,9 @@ fn manager(blocks: usize) -> BlockManager<Gpu> {
 
 fn register_one(manager: &BlockManager<Gpu>, value: u64) -> kvbm_blocks::ImmutableBlock<Gpu> {
     let block = manager.allocate_blocks(1).unwrap().pop().unwrap();
-    let complete = block.stage(SequenceHash::root(value), BLOCK_SIZE).unwrap();
+    let complete = block
+        .stage(SequenceHash::root(value.into()), BLOCK_SIZE)
+        .unwrap();
     manager.register_block(complete).unwrap()
 }
 

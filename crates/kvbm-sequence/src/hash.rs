@@ -8,28 +8,7 @@
 //! A [keyed salt](Salt::keyed) switches both steps to SipHash-1-3-128 under a
 //! secret key.
 //!
-//! # Threat model
-//!
-//! A block's chained hash is the prefix-cache key: two requests whose blocks
-//! hash alike share KV. With a public hash function (XXH3, or any unkeyed
-//! hash) anyone who can send prompts can compute block hashes offline and
-//! search for token blocks whose chained hash equals another tenant's,
-//! then read or poison that tenant's cached KV through the collision (the
-//! class of vLLM's CVE-2025-25183). 128-bit values make *accidental*
-//! collisions negligible (about 2^-65 at 2^32 cached blocks, where 64-bit
-//! values make one likely), but XXH3 is not collision resistant against a
-//! deliberate search.
-//!
-//! [`Salt::keyed`] defends against the search: every block hash and chain
-//! step is SipHash-1-3-128 keyed with a per-deployment secret
-//! ([`HashKey`]), a pseudo-random function, so without the key no hash can
-//! be computed and no collision searched for offline. The tenant's name is
-//! mixed in under the key as the chain's root, so tenants sharing a key
-//! still cannot compute each other's hashes, and their caches stay apart.
-//! Keep the key out of logs (its `Debug` prints nothing of it), the same on
-//! every engine and router that must agree on hashes, and rotate it by
-//! restarting with an empty cache. Out of scope: an attacker who knows the
-//! key, and timing side channels of cache hits themselves.
+//! The threat model of keyed hashing is in [`Salt`]'s documentation.
 
 use std::fmt;
 use std::hash::Hasher;
@@ -80,8 +59,7 @@ impl fmt::Debug for HashKey {
 /// Use one salt per LoRA adapter, tenant or model revision whose KV must not
 /// be shared. [`Salt::NONE`] (zero, the default) is the salt of a sequence
 /// created without one. Unkeyed salts hash with XXH3-128; a
-/// [keyed](Salt::keyed) one with SipHash-1-3-128 under its key (see the
-/// [module documentation](self) for the threat model).
+/// [keyed](Salt::keyed) one with SipHash-1-3-128 under its key.
 ///
 /// ```
 /// use kvbm_sequence::{BlockSequence, HashKey, Salt};
@@ -96,6 +74,29 @@ impl fmt::Debug for HashKey {
 /// assert_ne!(a.sequence_hashes()[0], b.sequence_hashes()[0]);
 /// # Ok::<(), kvbm_sequence::SequenceError>(())
 /// ```
+///
+/// # Threat model
+///
+/// A block's chained hash is the prefix-cache key: two requests whose blocks
+/// hash alike share KV. With a public hash function (XXH3, or any unkeyed
+/// hash) anyone who can send prompts can compute block hashes offline and
+/// search for token blocks whose chained hash equals another tenant's,
+/// then read or poison that tenant's cached KV through the collision (the
+/// class of vLLM's CVE-2025-25183). 128-bit values make *accidental*
+/// collisions negligible (about 2^-65 at 2^32 cached blocks, where 64-bit
+/// values make one likely), but XXH3 is not collision resistant against a
+/// deliberate search.
+///
+/// [`Salt::keyed`] defends against the search: every block hash and chain
+/// step is SipHash-1-3-128 keyed with a per-deployment secret
+/// ([`HashKey`]), a pseudo-random function, so without the key no hash can
+/// be computed and no collision searched for offline. The tenant's name is
+/// mixed in under the key as the chain's root, so tenants sharing a key
+/// still cannot compute each other's hashes, and their caches stay apart.
+/// Keep the key out of logs (its `Debug` prints nothing of it), the same on
+/// every engine and router that must agree on hashes, and rotate it by
+/// restarting with an empty cache. Out of scope: an attacker who knows the
+/// key, and timing side channels of cache hits themselves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Salt {
     value: u128,
