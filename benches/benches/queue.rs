@@ -577,10 +577,15 @@ fn batch_run<Q: BatchConsumer>(queue: &Q, producers: u64, total: u64) -> Duratio
                 let got = queue.take_batch();
                 taken += got as u64;
                 if got == 0 {
-                    // Every push happened before `done` was set: one more
-                    // look after seeing it finds whatever is left.
-                    if done.load(Ordering::Acquire) && queue.take_batch() == 0 {
-                        return taken;
+                    // Every push happened before `done` was set: looks after
+                    // seeing it find whatever is left, and count it (a batch
+                    // found here used to be dropped from the count).
+                    if done.load(Ordering::Acquire) {
+                        match queue.take_batch() {
+                            0 => return taken,
+                            last => taken += last as u64,
+                        }
+                        continue;
                     }
                     thread::yield_now();
                 }
