@@ -162,12 +162,11 @@ impl<M> LogicalBlockAssignments<M> {
                 full_blocks: sequence.num_blocks(),
             })?;
         for (offset, (block, &expected)) in blocks.iter().zip(expected).enumerate() {
-            let actual = block.sequence_hash();
-            if actual != expected {
+            if !block.holds(expected) {
                 return Err(SequenceError::MatchedHashMismatch {
                     position: start + offset,
-                    expected: Box::new(expected),
-                    actual: Box::new(actual),
+                    expected: expected.value(),
+                    actual: block.hash_value(),
                 });
             }
         }
@@ -304,15 +303,23 @@ impl<M> LogicalBlockAssignments<M> {
     /// hold its first full blocks in order, and no block id repeats.
     pub fn is_consistent_with(&self, sequence: &BlockSequence) -> bool {
         let hashes = sequence.sequence_hashes();
+        // Assigned blocks are known by value and position, staged ones by
+        // their whole hash.
         let bound = self
             .assigned
             .iter()
-            .map(|info| info.sequence_hash())
-            .chain(self.staged.iter().map(CompleteBlock::sequence_hash));
+            .map(|info| (info.hash_value(), info.position()))
+            .chain(self.staged.iter().map(|block| {
+                (
+                    block.sequence_hash().value(),
+                    block.sequence_hash().position(),
+                )
+            }));
         let mut positions = 0;
-        for (position, hash) in bound.enumerate() {
-            if hashes.get(position) != Some(&hash) {
-                return false;
+        for (position, (value, at)) in bound.enumerate() {
+            match hashes.get(position) {
+                Some(hash) if hash.value() == value && hash.position() == at => {}
+                _ => return false,
             }
             positions += 1;
         }

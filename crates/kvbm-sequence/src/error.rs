@@ -1,6 +1,6 @@
 //! [`SequenceError`], the one error type of this crate.
 
-use kvbm_blocks::{BlockError, SequenceHash};
+use kvbm_blocks::BlockError;
 
 /// Everything that can go wrong in `kvbm-sequence`.
 ///
@@ -42,16 +42,15 @@ pub enum SequenceError {
     /// A matched block does not hold the block the sequence has at its
     /// position: the matched blocks are not a prefix of this sequence.
     #[error(
-        "matched block at position {position} has hash {actual:?} but the sequence expects {expected:?}"
+        "matched block at position {position} has hash value {actual:#x} but the sequence expects {expected:#x}"
     )]
     MatchedHashMismatch {
         /// The block index that disagreed.
         position: usize,
-        /// The hash of the sequence's block there (boxed: two 128-bit
-        /// hashes would make every `Result` of this crate large).
-        expected: Box<SequenceHash>,
-        /// The hash of the block offered.
-        actual: Box<SequenceHash>,
+        /// The chained hash value of the sequence's block there.
+        expected: u128,
+        /// The chained hash value of the block offered.
+        actual: u128,
     },
     /// Matched blocks can only continue the assigned prefix, and staged
     /// blocks already sit there.

@@ -143,7 +143,10 @@ impl<M> ImmutableBlocks<M> {
     /// A non-owning handle to the block at `index`.
     pub fn downgrade(&self, index: usize) -> Option<WeakBlock<M>> {
         let info = *self.blocks.get(index)?;
-        Some(WeakBlock::new(self.shared.clone()?, info))
+        let shared = self.shared.clone()?;
+        // Pinned by this batch, so its slot holds the whole hash.
+        let hash = shared.lock().hash_of(info.block_id());
+        Some(WeakBlock::new(shared, info, hash))
     }
 
     /// Keeps the first `len` blocks and releases the rest under one lock,

@@ -22,17 +22,30 @@ pub use self::held::{CompleteBlock, MutableBlock};
 pub(crate) use self::lease::Lease;
 pub use self::registered::{ImmutableBlock, WeakBlock};
 
-/// A registered block as seen through a handle: its slot and its content.
+/// A registered block as seen through a batch of handles: its slot, its
+/// chained hash value (the cache key) and its position.
+///
+/// 32 bytes, because a request's block table and every matched prefix hold
+/// one per block. The parent's value, lineage metadata, is not kept here;
+/// [`ImmutableBlock::sequence_hash`] reads the whole [`SequenceHash`] from the
+/// pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockInfo {
-    hash: SequenceHash,
+    value: [u64; 2],
+    position: u32,
     id: BlockId,
     epoch: u32,
 }
 
 impl BlockInfo {
     pub(crate) fn new(id: BlockId, epoch: u32, hash: SequenceHash) -> Self {
-        Self { hash, id, epoch }
+        let (value, _parent, position) = hash.to_raw();
+        Self {
+            value,
+            position,
+            id,
+            epoch,
+        }
     }
 
     /// The slot (page index) holding the block.
@@ -40,9 +53,21 @@ impl BlockInfo {
         self.id
     }
 
-    /// The content and prefix identity of the block.
-    pub fn sequence_hash(&self) -> SequenceHash {
-        self.hash
+    /// The block's chained hash value: its content and prefix identity,
+    /// [`SequenceHash::value`].
+    pub fn hash_value(&self) -> u128 {
+        SequenceHash::from_raw(self.value, [0; 2], self.position).value()
+    }
+
+    /// The block's index in its sequence, [`SequenceHash::position`].
+    pub fn position(&self) -> u32 {
+        self.position
+    }
+
+    /// Whether the block holds `hash`'s content after its prefix (equal
+    /// values and positions).
+    pub fn holds(&self, hash: SequenceHash) -> bool {
+        self.hash_value() == hash.value() && self.position == hash.position()
     }
 
     pub(crate) fn epoch(&self) -> u32 {

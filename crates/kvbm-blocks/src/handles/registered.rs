@@ -50,12 +50,13 @@ impl<M> ImmutableBlock<M> {
         self.info.block_id()
     }
 
-    /// The content and prefix identity of the block.
+    /// The content and prefix identity of the block, read from the pool
+    /// (a short lock): the handle pins the block, so its slot holds it.
     pub fn sequence_hash(&self) -> SequenceHash {
-        self.info.sequence_hash()
+        self.shared.lock().hash_of(self.info.block_id())
     }
 
-    /// Block id and hash together.
+    /// Block id and hash value together.
     pub fn info(&self) -> BlockInfo {
         self.info
     }
@@ -67,7 +68,7 @@ impl<M> ImmutableBlock<M> {
 
     /// A handle that does not keep the block alive.
     pub fn downgrade(&self) -> WeakBlock<M> {
-        WeakBlock::new(self.shared.clone(), self.info)
+        WeakBlock::new(self.shared.clone(), self.info, self.sequence_hash())
     }
 }
 
@@ -104,14 +105,17 @@ impl<M> fmt::Debug for ImmutableBlock<M> {
 pub struct WeakBlock<M> {
     shared: Arc<Shared>,
     info: BlockInfo,
+    /// The whole hash, kept: the slot may hold something else by now.
+    hash: SequenceHash,
     _tier: PhantomData<fn() -> M>,
 }
 
 impl<M> WeakBlock<M> {
-    pub(crate) fn new(shared: Arc<Shared>, info: BlockInfo) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, info: BlockInfo, hash: SequenceHash) -> Self {
         Self {
             shared,
             info,
+            hash,
             _tier: PhantomData,
         }
     }
@@ -134,13 +138,13 @@ impl<M> WeakBlock<M> {
 
     /// The content and prefix identity the block had.
     pub fn sequence_hash(&self) -> SequenceHash {
-        self.info.sequence_hash()
+        self.hash
     }
 }
 
 impl<M> Clone for WeakBlock<M> {
     fn clone(&self) -> Self {
-        Self::new(self.shared.clone(), self.info)
+        Self::new(self.shared.clone(), self.info, self.hash)
     }
 }
 

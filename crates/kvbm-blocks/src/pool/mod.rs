@@ -345,12 +345,17 @@ impl PoolState {
         }
     }
 
+    /// The whole hash of a block a handle pins (its slot holds it).
+    pub(crate) fn hash_of(&self, id: BlockId) -> SequenceHash {
+        self.slots[id.index()].hash()
+    }
+
     /// Re-takes a reference to the block `info` described, if it still holds
     /// the same registered content (held, cached, or a live duplicate).
     pub(crate) fn upgrade(&mut self, info: &BlockInfo) -> bool {
         let slot = &self.slots[info.block_id().index()];
         let live = slot.epoch == info.epoch()
-            && slot.value() == info.sequence_hash().value()
+            && slot.value() == info.hash_value()
             && match slot.state {
                 SlotState::Registered => true,
                 SlotState::Duplicate => slot.refs > 0,

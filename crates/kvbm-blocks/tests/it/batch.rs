@@ -93,8 +93,27 @@ fn batches_read_as_slices_of_block_info() {
     let manager = manager(2);
     let hashes = chain(7, 2);
     let batch = register(&manager, &hashes);
-    let seen: Vec<_> = batch.iter().map(|info| info.sequence_hash()).collect();
-    assert_eq!(seen, hashes);
+    let seen: Vec<_> = batch
+        .iter()
+        .map(|info| (info.hash_value(), info.position()))
+        .collect();
+    let expected: Vec<_> = hashes.iter().map(|h| (h.value(), h.position())).collect();
+    assert_eq!(seen, expected);
+    assert!(
+        batch
+            .iter()
+            .zip(&hashes)
+            .all(|(info, &hash)| info.holds(hash))
+    );
+    // A single handle still knows the whole hash, parent included.
+    assert_eq!(
+        batch.get(1).map(|block| block.sequence_hash()),
+        Some(hashes[1])
+    );
+    assert_eq!(
+        batch.downgrade(1).map(|weak| weak.sequence_hash()),
+        Some(hashes[1])
+    );
     assert_eq!(
         batch.first().map(|info| info.block_id()),
         Some(BlockId::new(0))

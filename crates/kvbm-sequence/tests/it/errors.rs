@@ -107,8 +107,8 @@ fn matched_blocks_that_are_not_a_prefix() {
         seq.add_matched_blocks(wrong).unwrap_err(),
         SequenceError::MatchedHashMismatch {
             position: 0,
-            expected: Box::new(seq.sequence().sequence_hashes()[0]),
-            actual: Box::new(other.sequence().sequence_hashes()[0]),
+            expected: seq.sequence().sequence_hashes()[0].value(),
+            actual: other.sequence().sequence_hashes()[0].value(),
         },
     );
     assert_eq!((seq.assigned_blocks(), seq.prefix_matched_blocks()), (0, 0));
