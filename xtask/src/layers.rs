@@ -11,6 +11,7 @@ pub(crate) const LAYERS: &[&str] = &[
     "kvbm-sequence",
     "kvbm-schedule",
     "kvbm-queue",
+    "kvbm-events",
     "kvbm-sim",
 ];
 

@@ -266,6 +266,7 @@ const FUZZED_CRATES: &[&str] = &[
     "kvbm-sequence",
     "kvbm-schedule",
     "kvbm-queue",
+    "kvbm-events",
     "kvbm-sim",
 ];
 

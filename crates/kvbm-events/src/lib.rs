@@ -1,0 +1,50 @@
+//! KV-cache events on the wire routers already read: vLLM's `KVEventBatch`
+//! (`vllm/distributed/kv_events.py`, vLLM 0.33), encoded as msgpack.
+//!
+//! An engine publishes what its prefix cache stores and evicts so that a
+//! KV-aware router (NVIDIA Dynamo's kv-router, llm-d's kv-cache-manager) can
+//! send each request where its prefix is cached. This crate is the payload
+//! layer: [`KvEventBatch`] and its [`KvEvent`]s with exactly vLLM's layout,
+//! [`encode`] and [`decode`], and [`BlockHash`] conversions from kvbm's
+//! 128-bit [`SequenceHash`](kvbm_blocks::SequenceHash) values. The transport
+//! (ZeroMQ PUB frames and the replay socket) comes on top of it; the core
+//! crates never depend on this one.
+//!
+//! The layout, as vLLM's msgspec structs define it:
+//!
+//! - a batch is a 3-element array `[ts, events, data_parallel_rank]`;
+//! - each event is a map tagged by its class name under `"type"`, fields in
+//!   declaration order; fields without a default are always written (nil
+//!   when absent), optional ones vLLM leaves out when default are never
+//!   written here and ignored when read;
+//! - a block hash is an integer or a byte string.
+//!
+//! ```
+//! use kvbm_events::{BlockHash, BlockStored, KvEvent, KvEventBatch, decode, encode};
+//!
+//! let batch = KvEventBatch::new(1.5, vec![
+//!     KvEvent::BlockStored(BlockStored {
+//!         block_hashes: vec![BlockHash::Int(11), BlockHash::Int(12)],
+//!         parent_block_hash: None,
+//!         token_ids: (1..=8).collect(),
+//!         block_size: 4,
+//!         lora_id: None,
+//!         medium: Some("GPU".to_owned()),
+//!         lora_name: None,
+//!     }),
+//!     KvEvent::AllBlocksCleared,
+//! ]);
+//! let bytes = encode(&batch)?;
+//! assert_eq!(decode(&bytes)?, batch);
+//! # Ok::<(), kvbm_events::EventError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod codec;
+mod hash;
+mod wire;
+
+pub use codec::{EventError, decode, encode};
+pub use hash::{BlockHash, HashForm};
+pub use wire::{BlockRemoved, BlockStored, KvEvent, KvEventBatch};

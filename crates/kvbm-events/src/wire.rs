@@ -1,0 +1,84 @@
+//! The payload types, field for field as vLLM 0.33's msgspec structs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::BlockHash;
+
+/// One message's payload: when, what, and which data-parallel rank said it.
+///
+/// On the wire a 3-element array `[ts, events, data_parallel_rank]`
+/// (msgspec `array_like`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvEventBatch(pub f64, pub Vec<KvEvent>, pub Option<i64>);
+
+impl KvEventBatch {
+    /// A batch of `events` at `ts` (seconds since the epoch, as vLLM's
+    /// `time.time()`), from no particular data-parallel rank.
+    pub fn new(ts: f64, events: Vec<KvEvent>) -> Self {
+        Self(ts, events, None)
+    }
+
+    /// The same batch, from data-parallel rank `rank`.
+    pub fn with_rank(mut self, rank: i64) -> Self {
+        self.2 = Some(rank);
+        self
+    }
+
+    /// The timestamp.
+    pub fn ts(&self) -> f64 {
+        self.0
+    }
+
+    /// The events, oldest first.
+    pub fn events(&self) -> &[KvEvent] {
+        &self.1
+    }
+
+    /// The data-parallel rank, if any.
+    pub fn data_parallel_rank(&self) -> Option<i64> {
+        self.2
+    }
+}
+
+/// One cache change, tagged by vLLM's class name under `"type"`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum KvEvent {
+    /// Consecutive blocks of one sequence became cached.
+    BlockStored(BlockStored),
+    /// Blocks left the cache.
+    BlockRemoved(BlockRemoved),
+    /// Every block left the cache.
+    AllBlocksCleared,
+}
+
+/// vLLM's `BlockStored`: consecutive blocks of one sequence, now cached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockStored {
+    /// The blocks' hashes, in sequence order.
+    pub block_hashes: Vec<BlockHash>,
+    /// The hash of the block before the first one (`None` at a sequence's
+    /// start). Routers link the chain through it, so it must have been
+    /// stored before (or be in the same batch).
+    pub parent_block_hash: Option<BlockHash>,
+    /// Every token of those blocks, `block_size × block_hashes.len()` of
+    /// them: routers hash them to match queries.
+    pub token_ids: Vec<u32>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Deprecated in vLLM (`lora_name` replaces it); always written, nil.
+    pub lora_id: Option<i64>,
+    /// Where the blocks live: `"GPU"`, `"CPU"` or `"STORAGE"`.
+    pub medium: Option<String>,
+    /// The LoRA adapter the blocks belong to, if any.
+    pub lora_name: Option<String>,
+}
+
+/// vLLM's `BlockRemoved`: blocks that left the cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRemoved {
+    /// The blocks' hashes.
+    pub block_hashes: Vec<BlockHash>,
+    /// Where the blocks lived.
+    pub medium: Option<String>,
+}

@@ -1,0 +1,4 @@
+//! kvbm-events against vLLM's own bytes, and fuzzed.
+
+mod fuzz;
+mod golden;
