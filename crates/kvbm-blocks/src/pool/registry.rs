@@ -38,7 +38,7 @@ impl Registry {
     /// two extra multiplies per lookup for nothing.
     #[inline]
     fn hash(&self, value: u128) -> u64 {
-        self.hasher.hash_one(value as u64)
+        bucket_hash(&self.hasher, value)
     }
 
     /// The block registered under `value`; `key_of` reads a block's key.
@@ -52,9 +52,10 @@ impl Registry {
     /// Registers `id` under `value`, which must not be registered yet.
     pub(super) fn insert(&mut self, value: u128, id: BlockId, key_of: impl Fn(BlockId) -> u128) {
         let hasher = &self.hasher;
-        let hash = hasher.hash_one(value);
         self.table
-            .insert_unique(hash, id, |&other| hasher.hash_one(key_of(other)));
+            .insert_unique(bucket_hash(hasher, value), id, |&other| {
+                bucket_hash(hasher, key_of(other))
+            });
     }
 
     /// Unregisters `id`, registered under `value`; whether it was there.
@@ -75,4 +76,10 @@ impl Registry {
     pub(super) fn len(&self) -> usize {
         self.table.len()
     }
+}
+
+/// The one hash every table operation uses for a key (see [`Registry::hash`]).
+#[inline]
+fn bucket_hash(hasher: &RandomState, value: u128) -> u64 {
+    hasher.hash_one(value as u64)
 }

@@ -302,3 +302,33 @@ fn handles_know_which_manager_they_belong_to() {
         "unattached"
     );
 }
+
+/// Real chained hash values use all 128 bits: values that differ only in
+/// their high half, or have it set, register, match, stay audited and evict
+/// like any other.
+#[test]
+fn values_using_all_128_bits_register_match_and_evict() {
+    let manager = manager(8);
+    let values = [u128::MAX, u128::MAX - 1, 1 << 100, (1 << 100) | 5, 7 << 64];
+    let mut hashes = vec![SequenceHash::root(values[0])];
+    for &value in &values[1..] {
+        let parent = hashes[hashes.len() - 1];
+        hashes.push(parent.child(value));
+    }
+    let blocks = register(&manager, &hashes);
+    assert_eq!(manager.match_blocks(&hashes).len(), values.len());
+    manager
+        .audit()
+        .expect("every registered block is in the registry");
+    drop(blocks);
+    assert_eq!(manager.match_blocks(&hashes).len(), values.len(), "cached");
+    // Values sharing the low half with a registered one do not match it.
+    let impostor = SequenceHash::root((1 << 99) | 0xffff_ffff_ffff_ffff);
+    assert!(manager.match_blocks(&[impostor]).is_empty());
+    let evicted = manager
+        .allocate_blocks_with_evictions(8)
+        .expect("all free or evictable");
+    assert_eq!(evicted.evicted.len(), values.len());
+    manager.audit().expect("consistent after evicting");
+    assert!(manager.match_blocks(&hashes).is_empty());
+}
