@@ -56,9 +56,15 @@ impl InactivePool {
     }
 
     /// A block was registered as the primary for `hash`; `parent` is the
-    /// registered block holding the parent hash, if any.
+    /// registered block holding the parent hash, if any, with its slot's
+    /// epoch.
     #[inline]
-    pub(crate) fn on_register(&mut self, id: BlockId, hash: SequenceHash, parent: Option<BlockId>) {
+    pub(crate) fn on_register(
+        &mut self,
+        id: BlockId,
+        hash: SequenceHash,
+        parent: Option<(BlockId, u32)>,
+    ) {
         match self {
             Self::Lru(_) => {}
             Self::MultiLevel(ml) => ml.touch(hash),
@@ -106,10 +112,11 @@ impl InactivePool {
         }
     }
 
-    /// `id` is no longer registered (its slot will be reused).
-    pub(crate) fn on_evicted(&mut self, id: BlockId) {
+    /// `id` is no longer registered (its slot will be reused); `epoch_of`
+    /// reads a slot's epoch.
+    pub(crate) fn on_evicted(&mut self, id: BlockId, epoch_of: impl Fn(BlockId) -> u32) {
         if let Self::Lineage(lin) = self {
-            lin.unlink_parent(id);
+            lin.unlink_parent(id, epoch_of);
         }
     }
 }

@@ -223,7 +223,8 @@ impl PoolState {
         slot.state = SlotState::Free;
         slot.epoch = slot.epoch.wrapping_add(1);
         self.registry.remove(hash.value(), id);
-        self.inactive.on_evicted(id);
+        let slots = &self.slots;
+        self.inactive.on_evicted(id, |b| slots[b.index()].epoch);
         self.counters.evictions += 1;
         if let Some(events) = &mut self.events {
             events.push(CacheEvent::Removed(hash));
@@ -261,7 +262,8 @@ impl PoolState {
         // Only lineage-aware eviction links children to parents; the other
         // policies skip the lookup (a registry probe per registration).
         let parent = match self.inactive.tracks_lineage() {
-            true => hash.parent().and_then(|p| self.registered(p)),
+            true => (hash.parent().and_then(|p| self.registered(p)))
+                .map(|p| (p, self.slots[p.index()].epoch)),
             false => None,
         };
         let slots = &self.slots;
