@@ -14,6 +14,14 @@ pub enum EventError {
     /// hold; unreachable for batches built from this crate's types).
     #[error("cannot encode the batch: {0}")]
     Encode(#[from] rmp_serde::encode::Error),
+    /// ZeroMQ refused an operation (an endpoint in use, a closed context).
+    #[cfg(feature = "zmq")]
+    #[error("zmq: {0}")]
+    Transport(#[from] zmq::Error),
+    /// A message did not have vLLM's frames (topic, 8-byte sequence number,
+    /// payload), or a replay went wrong.
+    #[error("protocol: {0}")]
+    Protocol(String),
 }
 
 /// The msgpack payload of `batch`, as vLLM's encoder lays it out (events as

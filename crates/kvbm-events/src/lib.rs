@@ -6,9 +6,10 @@
 //! send each request where its prefix is cached. This crate is the payload
 //! layer: [`KvEventBatch`] and its [`KvEvent`]s with exactly vLLM's layout,
 //! [`encode`] and [`decode`], and [`BlockHash`] conversions from kvbm's
-//! 128-bit [`SequenceHash`](kvbm_blocks::SequenceHash) values. The transport
-//! (ZeroMQ PUB frames and the replay socket) comes on top of it; the core
-//! crates never depend on this one.
+//! 128-bit [`SequenceHash`](kvbm_blocks::SequenceHash) values. With the
+//! `zmq` feature, vLLM's transport too: a `Publisher` (PUB frames and the
+//! replay ROUTER) and a `Subscriber` that repairs gaps from the replay
+//! socket. The core crates never depend on this one.
 //!
 //! The layout, as vLLM's msgspec structs define it:
 //!
@@ -43,8 +44,12 @@
 
 mod codec;
 mod hash;
+#[cfg(feature = "zmq")]
+mod transport;
 mod wire;
 
 pub use codec::{EventError, decode, encode};
 pub use hash::{BlockHash, HashForm};
+#[cfg(feature = "zmq")]
+pub use transport::{Publisher, PublisherConfig, Subscriber};
 pub use wire::{BlockRemoved, BlockStored, KvEvent, KvEventBatch};

@@ -2,3 +2,5 @@
 
 mod fuzz;
 mod golden;
+#[cfg(feature = "zmq")]
+mod transport;
