@@ -57,6 +57,11 @@ const GATES: &[Gate] = &[
         run: prometheus_interop,
     },
     Gate {
+        name: "dynamo-interop",
+        about: "kvbm-events' publisher read by Dynamo's indexer (ai-dynamo-runtime from PyPI, venv under target/)",
+        run: dynamo_interop,
+    },
+    Gate {
         name: "layers",
         about: "fail on any upward dependency between kvbm crates",
         run: layers,
@@ -221,6 +226,42 @@ fn bench_check(sh: &Shell) -> Result<()> {
 /// project's Python client, whose parser reads the text format.
 const PROMETHEUS_CLIENT: &str = "prometheus_client==0.26.0";
 
+/// The consumer KV events are checked against: NVIDIA Dynamo's standalone
+/// indexer, from its Python package.
+const DYNAMO_RUNTIME: &str = "ai-dynamo-runtime==1.6.1";
+
+/// The interop virtualenv (created on first use), with `package` installed;
+/// its Python.
+fn interop_python(sh: &Shell, package: &str) -> Result<PathBuf> {
+    let venv = project_root().join("target/interop-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        cmd!(sh, "python3 -m venv {venv}").run()?;
+    }
+    cmd!(
+        sh,
+        "{python} -m pip install --quiet --disable-pip-version-check {package}"
+    )
+    .run()?;
+    Ok(python)
+}
+
+/// Builds kvbm-events' `publish_stream` example and has
+/// `xtask/interop/check_dynamo.py` run Dynamo's indexer against two
+/// publishers of it, checking the overlap it reports per worker.
+fn dynamo_interop(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    let python = interop_python(sh, DYNAMO_RUNTIME)?;
+    cmd!(
+        sh,
+        "{cargo} build --quiet -p kvbm-events --features zmq --example publish_stream"
+    )
+    .run()?;
+    let binary = project_root().join("target/debug/examples/publish_stream");
+    cmd!(sh, "{python} xtask/interop/check_dynamo.py {binary}").run()?;
+    Ok(())
+}
+
 /// Replays the embedded excerpt with `--metrics-out` and has
 /// `xtask/interop/check_prometheus.py` parse the file with
 /// `prometheus_client` (installed into `target/interop-venv`, created on
@@ -228,16 +269,7 @@ const PROMETHEUS_CLIENT: &str = "prometheus_client==0.26.0";
 fn prometheus_interop(sh: &Shell) -> Result<()> {
     let cargo = cargo();
     let root = project_root();
-    let venv = root.join("target/interop-venv");
-    let python = venv.join("bin/python");
-    if !python.exists() {
-        cmd!(sh, "python3 -m venv {venv}").run()?;
-    }
-    cmd!(
-        sh,
-        "{python} -m pip install --quiet --disable-pip-version-check {PROMETHEUS_CLIENT}"
-    )
-    .run()?;
+    let python = interop_python(sh, PROMETHEUS_CLIENT)?;
     let out = root.join("target/interop");
     sh.create_dir(&out)?;
     let metrics = out.join("metrics.prom");

@@ -1,5 +1,7 @@
 //! vLLM's ZeroMQ transport (feature `zmq`): a [`Publisher`] that sends each
-//! batch as a PUB message `(topic, sequence number, payload)` and answers
+//! batch as a PUB message `(topic, sequence number, payload)` (from an XPUB
+//! socket, which SUB subscribers cannot tell from PUB and which lets the
+//! publisher [wait for them](Publisher::wait_for_subscribers)) and answers
 //! replay requests on a ROUTER socket, and a [`Subscriber`] that repairs gaps
 //! in the sequence from that replay socket.
 //!
@@ -144,6 +146,8 @@ pub struct Publisher {
     buffer_steps: usize,
     pending_delay: Option<Duration>,
     replay: Option<ReplayThread>,
+    /// Subscriptions seen by `wait_for_subscribers`.
+    subscribers: usize,
 }
 
 impl Publisher {
@@ -156,7 +160,7 @@ impl Publisher {
     /// connected.
     pub fn new(config: &PublisherConfig) -> Result<Self, EventError> {
         let context = zmq::Context::new();
-        let socket = context.socket(zmq::PUB)?;
+        let socket = context.socket(zmq::XPUB)?;
         socket.set_sndhwm(config.high_water_mark)?;
         socket.set_linger(0)?;
         attach(&socket, &config.endpoint)?;
@@ -188,6 +192,7 @@ impl Publisher {
             buffer_steps: config.buffer_steps,
             pending_delay: Some(config.first_batch_delay).filter(|d| !d.is_zero()),
             replay,
+            subscribers: 0,
         })
     }
 
@@ -199,6 +204,38 @@ impl Publisher {
     /// The replay endpoint, with an ephemeral port resolved.
     pub fn replay_endpoint(&self) -> Option<&str> {
         self.replay_endpoint.as_deref()
+    }
+
+    /// Waits until `count` subscriptions have arrived (ZeroMQ delivers
+    /// messages only to subscribers that have joined: the slow-joiner
+    /// problem), or `timeout` has passed; the number seen. Call before the
+    /// first batch when the consumers are known to be connecting.
+    ///
+    /// # Errors
+    ///
+    /// [`EventError::Transport`] if the socket fails.
+    pub fn wait_for_subscribers(
+        &mut self,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<usize, EventError> {
+        let deadline = Instant::now() + timeout;
+        while self.subscribers < count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let millis = i64::try_from(left.as_millis()).unwrap_or(i64::MAX);
+            if left.is_zero() || self.socket.poll(zmq::POLLIN, millis)? == 0 {
+                break;
+            }
+            // A subscription message: 1 then the topic (0 then the topic
+            // for an unsubscription).
+            let message = self.socket.recv_bytes(0)?;
+            match message.first() {
+                Some(1) => self.subscribers += 1,
+                Some(0) => self.subscribers = self.subscribers.saturating_sub(1),
+                _ => {}
+            }
+        }
+        Ok(self.subscribers)
     }
 
     /// The sequence number the next batch gets.

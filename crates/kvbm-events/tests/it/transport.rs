@@ -138,3 +138,21 @@ fn a_subscriber_repairs_a_gap_from_the_replay_socket() {
     let got = subscriber.recv(WAIT).unwrap().expect("the next batch");
     assert_eq!(got, vec![(next, batch(next))]);
 }
+
+/// With the wait, the very first batch reaches a subscriber that was still
+/// connecting: no slow-joiner loss, no retry.
+#[test]
+fn waiting_for_subscribers_delivers_the_first_batch() {
+    let mut publisher = publisher("");
+    let mut subscriber = Subscriber::new(publisher.endpoint(), None, "", Some(0)).unwrap();
+    assert_eq!(publisher.wait_for_subscribers(1, WAIT).unwrap(), 1);
+    publisher.publish(&batch(0)).unwrap();
+    let got = subscriber.recv(WAIT).unwrap().expect("the first batch");
+    assert_eq!(got, vec![(0, batch(0))]);
+    assert_eq!((subscriber.repaired(), subscriber.lost()), (0, 0));
+    // Nobody else is coming: the wait gives up at its timeout.
+    let seen = publisher
+        .wait_for_subscribers(2, Duration::from_millis(100))
+        .unwrap();
+    assert_eq!(seen, 1);
+}
