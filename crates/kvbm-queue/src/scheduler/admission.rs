@@ -113,15 +113,37 @@ impl<M> Scheduler<M> {
         budget: &mut usize,
         plan: &mut StepPlan,
     ) -> bool {
-        match self.resume_or_start(&admitted) {
-            Ok(candidate) => self.start_seq(admitted, candidate, budget, plan),
+        match self.candidate(&admitted, plan) {
+            Some(candidate) => self.start_seq(admitted, candidate, budget, plan),
+            None => true,
+        }
+    }
+
+    /// The sequence of an admitted request, holding its cached prefix; `None`
+    /// if it cannot start at all (unreachable for requests `submit`
+    /// accepts), in which case it has left, reported in `plan`.
+    fn candidate(
+        &mut self,
+        admitted: &Admitted<InferenceRequest>,
+        plan: &mut StepPlan,
+    ) -> Option<Parked<M>> {
+        match self.resume_or_start(admitted) {
+            Ok(candidate) => Some(candidate),
             Err(err) => {
                 debug!(id = %admitted.id(), %err, "request cannot start");
                 plan.finished
                     .push(self.exit(admitted.id(), FinishReason::Aborted, 0));
-                true
+                None
             }
         }
+    }
+
+    /// Puts a candidate that was not started back at its queue place, its
+    /// blocks released (the registered ones stay cached) and its sequence
+    /// parked for the next try.
+    fn put_back(&mut self, admitted: Admitted<InferenceRequest>, mut parked: Parked<M>) {
+        let _ = parked.seq.release();
+        self.requeue(admitted, Some(parked));
     }
 
     /// Schedules the first chunk of a candidate whose sequence holds its
@@ -129,19 +151,16 @@ impl<M> Scheduler<M> {
     fn start_seq(
         &mut self,
         admitted: Admitted<InferenceRequest>,
-        candidate: Parked<M>,
+        mut candidate: Parked<M>,
         budget: &mut usize,
         plan: &mut StepPlan,
     ) -> bool {
-        let Parked {
-            mut seq,
-            admitted_before,
-        } = candidate;
         let id = admitted.id();
-        let prompt = seq.total_tokens() as u64;
-        let hits = seq.kv_position() as u64;
+        let admitted_before = candidate.admitted_before;
+        let prompt = candidate.seq.total_tokens() as u64;
+        let hits = candidate.seq.kv_position() as u64;
         let limits = self.config.limits(*budget, self.manager.total_blocks());
-        match Running::schedule_seq(&mut seq, &self.manager, limits) {
+        match Running::schedule_seq(&mut candidate.seq, &self.manager, limits) {
             Ok(Some(work)) => {
                 *budget -= work.tokens();
                 self.counters.prompt_tokens += prompt;
@@ -152,7 +171,7 @@ impl<M> Scheduler<M> {
                 }
                 let _span =
                     debug_span!("admitted", %id, prompt, hits, resumed = admitted_before).entered();
-                let mut running = Running::new(admitted, seq, self.next_admission);
+                let mut running = Running::new(admitted, candidate.seq, self.next_admission);
                 self.next_admission += 1;
                 running.push_work(work, plan);
                 self.running.push(running);
@@ -160,20 +179,18 @@ impl<M> Scheduler<M> {
             }
             Err(ScheduleError::AllocationFailed { .. }) => {
                 // Its first chunk does not fit: back to its place.
-                let _ = seq.release();
-                let parked = Parked {
-                    seq,
-                    admitted_before,
-                };
-                self.requeue(admitted, Some(parked));
+                self.put_back(admitted, candidate);
                 false
             }
             Ok(None) | Err(_) => {
                 // Cannot run at all (unreachable for prompts `submit`
                 // accepts); never requeue what would block the line.
                 debug!(%id, "request cannot be scheduled");
-                plan.finished
-                    .push(self.exit(id, FinishReason::Aborted, seq.generated_tokens()));
+                plan.finished.push(self.exit(
+                    id,
+                    FinishReason::Aborted,
+                    candidate.seq.generated_tokens(),
+                ));
                 true
             }
         }
@@ -213,14 +230,8 @@ impl<M> Scheduler<M> {
                 self.requeue(head, None);
                 return;
             }
-            let candidate = match self.resume_or_start(&head) {
-                Ok(candidate) => candidate,
-                Err(err) => {
-                    debug!(id = %head.id(), %err, "request cannot start");
-                    plan.finished
-                        .push(self.exit(head.id(), FinishReason::Aborted, 0));
-                    continue;
-                }
+            let Some(candidate) = self.candidate(&head, plan) else {
+                continue;
             };
             let matched = candidate.seq.held_blocks() as u64;
             let charged = cost.saturating_sub(matched);
@@ -228,9 +239,7 @@ impl<M> Scheduler<M> {
                 // Parked with its prompt hashed; its blocks go back to the
                 // cache until it is tried again.
                 self.blocked_head = Some((head.id(), room));
-                let mut candidate = candidate;
-                let _ = candidate.seq.release();
-                self.requeue(head, Some(candidate));
+                self.put_back(head, candidate);
                 return;
             }
             self.blocked_head = None;

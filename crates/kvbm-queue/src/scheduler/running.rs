@@ -117,34 +117,13 @@ impl<M> Running<M> {
         limits: Limits,
     ) -> Result<Option<Work>, ScheduleError> {
         let Limits {
-            budget,
-            chunk_size,
-            draft_tokens,
-            draft_floor,
+            budget, chunk_size, ..
         } = limits;
         if budget == 0 {
             return Ok(None);
         }
         if seq.is_prefill_complete() {
-            if draft_tokens == 0 {
-                seq.schedule_decode(manager)?;
-                return Ok(Some(Work::Decode));
-            }
-            // The budget counts drafts. Up to `drafts + 1` tokens may be
-            // accepted (the drafts and the token sampled after them), so
-            // the sequence covers that many: the last slot is where the
-            // next step's tail token goes. Drafts are opportunistic: they
-            // only take blocks above the watermark, and shrink (to none)
-            // rather than make anyone wait or be preempted.
-            let drafts = draft_tokens.min(budget - 1);
-            let room = manager.available_blocks().saturating_sub(draft_floor);
-            let coverable = seq
-                .held_blocks()
-                .saturating_add(room)
-                .saturating_mul(seq.block_size());
-            let accepted_max = drafts
-                .saturating_add(1)
-                .min(coverable.saturating_sub(seq.total_tokens()));
+            let accepted_max = Self::speculation_room(seq, manager, limits);
             if accepted_max == 0 {
                 seq.schedule_decode(manager)?;
                 return Ok(Some(Work::Decode));
@@ -164,6 +143,34 @@ impl<M> Running<M> {
         let emits = tokens == remaining && seq.final_chunk_emits_token();
         seq.schedule_prefill(tokens, manager)?;
         Ok(Some(Work::Prefill { tokens, emits }))
+    }
+
+    /// How many tokens a speculative decode may gain (drafts plus the token
+    /// sampled after them); 0 for a plain decode. The budget counts drafts;
+    /// the sequence must cover a slot for each of those tokens (the last
+    /// is where the next step's tail token goes). Drafts are opportunistic:
+    /// they only take blocks above the watermark, and shrink (to none)
+    /// rather than make anyone wait or be preempted. Reads the pool only
+    /// when drafts are configured.
+    fn speculation_room(
+        seq: &SchedulableSequence<M>,
+        manager: &BlockManager<M>,
+        limits: Limits,
+    ) -> usize {
+        if limits.draft_tokens == 0 || limits.budget == 0 {
+            return 0;
+        }
+        let drafts = limits.draft_tokens.min(limits.budget - 1);
+        let room = manager
+            .available_blocks()
+            .saturating_sub(limits.draft_floor);
+        let coverable = seq
+            .held_blocks()
+            .saturating_add(room)
+            .saturating_mul(seq.block_size());
+        drafts
+            .saturating_add(1)
+            .min(coverable.saturating_sub(seq.total_tokens()))
     }
 
     /// Records the scheduled work in the plan, with the blocks the engine
