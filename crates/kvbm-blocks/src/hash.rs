@@ -43,7 +43,7 @@ const fn split(value: u128) -> [u64; 2] {
 }
 
 /// The value of two halves, low first.
-const fn join(halves: [u64; 2]) -> u128 {
+pub(crate) const fn join(halves: [u64; 2]) -> u128 {
     halves[0] as u128 | (halves[1] as u128) << 64
 }
 

@@ -15,6 +15,7 @@ mod held;
 mod lease;
 mod registered;
 
+use crate::hash::join;
 use crate::{BlockId, SequenceHash};
 
 pub use self::batch::{ImmutableBlocks, IntoIter};
@@ -56,7 +57,7 @@ impl BlockInfo {
     /// The block's chained hash value: its content and prefix identity,
     /// [`SequenceHash::value`].
     pub fn hash_value(&self) -> u128 {
-        SequenceHash::from_raw(self.value, [0; 2], self.position).value()
+        join(self.value)
     }
 
     /// The block's index in its sequence, [`SequenceHash::position`].

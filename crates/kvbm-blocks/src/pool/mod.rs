@@ -12,6 +12,7 @@ mod registry;
 
 use self::registry::Registry;
 use crate::eviction::InactivePool;
+use crate::hash::join;
 use crate::sync::{Mutex, MutexGuard, lock};
 use crate::{
     BlockError, BlockId, BlockInfo, CacheEvent, DuplicatePolicy, EvictionPolicy, PoolAudit,
@@ -101,7 +102,7 @@ impl Slot {
     /// The chained value of [`hash`](Self::hash): the registry key.
     #[inline]
     fn value(&self) -> u128 {
-        self.hash().value()
+        join(self.value)
     }
 }
 
