@@ -303,30 +303,24 @@ impl<M> LogicalBlockAssignments<M> {
     /// hold its first full blocks in order, and no block id repeats.
     pub fn is_consistent_with(&self, sequence: &BlockSequence) -> bool {
         let hashes = sequence.sequence_hashes();
+        let Some((assigned, rest)) = hashes.split_at_checked(self.assigned.len()) else {
+            return false;
+        };
+        let Some(staged) = rest.get(..self.staged.len()) else {
+            return false;
+        };
         // Assigned blocks are known by value and position, staged ones by
         // their whole hash.
         let bound = self
             .assigned
             .iter()
-            .map(|info| (info.hash_value(), info.position()))
-            .chain(self.staged.iter().map(|block| {
-                (
-                    block.sequence_hash().value(),
-                    block.sequence_hash().position(),
-                )
-            }));
-        let mut positions = 0;
-        for (position, (value, at)) in bound.enumerate() {
-            match hashes.get(position) {
-                Some(hash) if hash.value() == value && hash.position() == at => {}
-                _ => return false,
-            }
-            positions += 1;
-        }
+            .zip(assigned)
+            .all(|(info, &hash)| info.holds(hash))
+            && (self.staged.iter().map(CompleteBlock::sequence_hash)).eq(staged.iter().copied());
         let mut ids: Vec<BlockId> = self.block_ids().collect();
         ids.sort_unstable();
         ids.dedup();
-        positions <= hashes.len() && ids.len() == self.len()
+        bound && ids.len() == self.len()
     }
 }
 
