@@ -529,14 +529,12 @@ impl<'a> ServeSim<'a> {
             let accepted =
                 draws::accepted_drafts(self.seed, self.spec_accept, id.0, next, work.draft_tokens);
             let token = tokens::sampled_token(id.0, next + accepted);
-            self.outputs.push(if work.draft_tokens == 0 {
-                EngineOutput::token(id, token)
-            } else {
-                let drafts = (next..next + accepted)
-                    .map(|position| tokens::sampled_token(id.0, position))
-                    .collect();
-                EngineOutput::speculative(id, drafts, token)
-            });
+            // No drafts (a plain decode) collect into an empty, unallocated list.
+            let drafts = (next..next + accepted)
+                .map(|position| tokens::sampled_token(id.0, position))
+                .collect();
+            self.outputs
+                .push(EngineOutput::speculative(id, drafts, token));
         }
         let decodes = plan.decode.len() as u64;
         let report = self.scheduler.apply(&self.outputs)?;
