@@ -33,7 +33,6 @@ pub struct BlockManagerBuilder<M> {
     block_size: usize,
     eviction: EvictionPolicy,
     duplicates: DuplicatePolicy,
-    record_events: bool,
     _tier: PhantomData<fn() -> M>,
 }
 
@@ -44,7 +43,6 @@ impl<M> BlockManagerBuilder<M> {
             block_size: 16,
             eviction: EvictionPolicy::default(),
             duplicates: DuplicatePolicy::default(),
-            record_events: false,
             _tier: PhantomData,
         }
     }
@@ -74,13 +72,6 @@ impl<M> BlockManagerBuilder<M> {
         self
     }
 
-    /// Keep a log of [`CacheEvent`](crate::CacheEvent)s for
-    /// [`BlockManager::drain_events`] (default off). The log grows until drained.
-    pub fn record_events(mut self, record: bool) -> Self {
-        self.record_events = record;
-        self
-    }
-
     /// Builds the manager with every block free.
     ///
     /// # Errors
@@ -106,7 +97,6 @@ impl<M> BlockManagerBuilder<M> {
             self.block_size,
             self.eviction,
             self.duplicates,
-            self.record_events,
         )?;
         Ok(BlockManager::from_shared(Arc::new(shared)))
     }
@@ -119,7 +109,6 @@ impl<M> fmt::Debug for BlockManagerBuilder<M> {
             .field("block_size", &self.block_size)
             .field("eviction", &self.eviction)
             .field("duplicates", &self.duplicates)
-            .field("record_events", &self.record_events)
             .finish()
     }
 }

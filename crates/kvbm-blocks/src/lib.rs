@@ -60,6 +60,7 @@
 mod builder;
 mod config;
 mod error;
+mod events;
 mod eviction;
 mod handles;
 mod hash;
@@ -72,10 +73,13 @@ mod sync;
 pub use builder::{BlockManagerBuilder, MAX_BLOCKS};
 pub use config::{DuplicatePolicy, EvictionPolicy};
 pub use error::{BlockError, Rejected};
+pub use events::{
+    CacheEvent, EventBatch, EventMessage, EventSubscription, MAX_PENDING_BLOCKS, Resync,
+};
 pub use handles::{
     BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock, WeakBlock,
 };
 pub use hash::SequenceHash;
 pub use id::BlockId;
 pub use manager::{Allocation, BlockManager};
-pub use metrics::{CacheEvent, PoolAudit, PoolMetrics};
+pub use metrics::{PoolAudit, PoolMetrics};

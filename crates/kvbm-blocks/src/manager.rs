@@ -9,8 +9,8 @@ use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock};
 use crate::pool::Shared;
 use crate::sync::Arc;
 use crate::{
-    BlockError, BlockManagerBuilder, CacheEvent, CompleteBlock, DuplicatePolicy, EvictionPolicy,
-    PoolAudit, PoolMetrics, Rejected, SequenceHash,
+    BlockError, BlockManagerBuilder, CompleteBlock, DuplicatePolicy, EventSubscription,
+    EvictionPolicy, PoolAudit, PoolMetrics, Rejected, SequenceHash,
 };
 
 /// A pool of KV blocks with a prefix cache, for one storage tier `M`.
@@ -77,7 +77,12 @@ impl<M> BlockManager<M> {
         count: usize,
     ) -> Result<Allocation<M>, BlockError> {
         let mut evicted = Vec::new();
-        let ids = self.shared.lock().allocate(count, &mut evicted);
+        let ids = {
+            let mut pool = self.shared.lock();
+            let ids = pool.allocate(count, &mut evicted);
+            pool.flush_if_full();
+            ids
+        };
         let ids = ids.inspect_err(|err| debug!(count, %err, "allocation refused"))?;
         trace!(count, evicted = evicted.len(), "allocated");
         let blocks = ids
@@ -108,7 +113,7 @@ impl<M> BlockManager<M> {
         let info = self
             .shared
             .lock()
-            .register(block.block_id(), block.sequence_hash());
+            .register(block.block_id(), block.sequence_hash(), &[]);
         block.lease.disarm();
         trace!(block = %info.block_id(), "registered");
         Ok(ImmutableBlock::from_ref(self.shared.clone(), info))
@@ -122,18 +127,51 @@ impl<M> BlockManager<M> {
     /// registered) if any block was allocated by another manager.
     pub fn register_blocks(
         &self,
+        blocks: Vec<CompleteBlock<M>>,
+    ) -> Result<ImmutableBlocks<M>, Rejected<Vec<CompleteBlock<M>>>> {
+        self.register_blocks_with_tokens(blocks, &[])
+    }
+
+    /// Like [`register_blocks`](Self::register_blocks), with the blocks'
+    /// tokens (`block_size` per block, in order) for the
+    /// [`CacheEvent::Stored`](crate::CacheEvent::Stored) events subscribers
+    /// receive: routers that hash tokens themselves need them. The pool keeps
+    /// no tokens; without subscribers they are not even read. Empty `tokens`
+    /// means none.
+    ///
+    /// # Errors
+    ///
+    /// As [`register_blocks`](Self::register_blocks), and
+    /// [`BlockError::TokenCountMismatch`] (every block back, none registered)
+    /// if `tokens` is neither empty nor `block_size` per block.
+    pub fn register_blocks_with_tokens(
+        &self,
         mut blocks: Vec<CompleteBlock<M>>,
+        tokens: &[u32],
     ) -> Result<ImmutableBlocks<M>, Rejected<Vec<CompleteBlock<M>>>> {
         if !blocks.iter().all(|block| self.owns(block.lease.shared())) {
             return Err(Rejected::new(BlockError::ForeignManager, blocks));
         }
+        let block_size = self.shared.block_size;
+        let expected = blocks.len().saturating_mul(block_size);
+        if !tokens.is_empty() && tokens.len() != expected {
+            let error = BlockError::TokenCountMismatch {
+                expected,
+                actual: tokens.len(),
+            };
+            return Err(Rejected::new(error, blocks));
+        }
         let mut infos = Vec::with_capacity(blocks.len());
         {
             let mut pool = self.shared.lock();
+            pool.expect_registration(blocks.len(), tokens.len());
+            let mut chunks = tokens.chunks_exact(block_size);
             for block in &mut blocks {
-                infos.push(pool.register(block.block_id(), block.sequence_hash()));
+                let tokens = chunks.next().unwrap_or_default();
+                infos.push(pool.register(block.block_id(), block.sequence_hash(), tokens));
                 block.lease.disarm();
             }
+            pool.flush_if_full();
         }
         trace!(count = infos.len(), "registered");
         Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
@@ -188,15 +226,40 @@ impl<M> BlockManager<M> {
     /// Evicts every cached block to the free pool and returns their hashes.
     /// Blocks pinned by handles are untouched.
     pub fn clear_cache(&self) -> Vec<SequenceHash> {
-        let evicted = self.shared.lock().clear_cache();
+        let evicted = {
+            let mut pool = self.shared.lock();
+            let evicted = pool.clear_cache();
+            pool.flush_if_full();
+            evicted
+        };
         debug!(evicted = evicted.len(), "cache cleared");
         evicted
     }
 
-    /// Takes the recorded [`CacheEvent`]s, oldest first. Always empty unless
-    /// built with [`record_events(true)`](BlockManagerBuilder::record_events).
-    pub fn drain_events(&self) -> Vec<CacheEvent> {
-        self.shared.lock().drain_events()
+    /// Subscribes to the pool's [`CacheEvent`](crate::CacheEvent)s, delivered
+    /// in batches of at most `capacity` waiting (at least 1) at each
+    /// [`flush_events`](Self::flush_events). The first message is a
+    /// [`Resync`](crate::Resync) with everything registered now.
+    ///
+    /// Guarantees, for every subscriber: events arrive in the order the pool
+    /// applied them; a hash's `Removed` never precedes its `Stored`; a batch
+    /// the channel had no room for is counted
+    /// ([`missed_batches`](EventSubscription::missed_batches)) and followed by
+    /// a resync, never silently dropped. A `Stored` run's parent was announced
+    /// before it (or is in the same batch) whenever it is registered at that
+    /// moment, which holds for sequences registered in chain order while their
+    /// prefix is pinned, as `kvbm-sequence` does.
+    pub fn subscribe_events(&self, capacity: usize) -> EventSubscription {
+        self.shared.subscribe(capacity)
+    }
+
+    /// Sends the events since the last flush as one batch to every
+    /// subscriber (a scheduler calls this once per step). Without
+    /// subscribers it costs one atomic load; with nothing pending it sends
+    /// nothing (but delivers resyncs owed to lagging subscribers that have
+    /// room again).
+    pub fn flush_events(&self) {
+        self.shared.flush_events();
     }
 
     /// Recounts every block slot by slot and cross-checks the free list,

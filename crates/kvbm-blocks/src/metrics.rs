@@ -1,6 +1,4 @@
-//! [`PoolMetrics`] snapshots and [`CacheEvent`]s for mirroring the cache.
-
-use crate::SequenceHash;
+//! [`PoolMetrics`] snapshots and [`PoolAudit`] recounts.
 
 /// A consistent snapshot of a pool's occupancy and lifetime counters.
 ///
@@ -29,19 +27,6 @@ pub struct PoolMetrics {
     pub match_hashes_hit: u64,
     /// Cached blocks evicted to satisfy allocations or `clear_cache`.
     pub evictions: u64,
-}
-
-/// A change to the set of matchable hashes, for a router mirroring the cache.
-///
-/// Recorded only when the manager is built with
-/// [`record_events(true)`](crate::BlockManagerBuilder::record_events) and
-/// collected with [`BlockManager::drain_events`](crate::BlockManager::drain_events).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CacheEvent {
-    /// A hash became matchable (a first registration).
-    Stored(SequenceHash),
-    /// A hash stopped being matchable (its block was evicted).
-    Removed(SequenceHash),
 }
 
 /// Where every block is, recounted slot by slot by

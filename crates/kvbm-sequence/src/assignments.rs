@@ -38,7 +38,7 @@ use crate::{BlockSequence, SequenceError};
 ///
 /// blocks.extend_blocks(manager.allocate_blocks(3)?);
 /// assert_eq!(blocks.stage(&seq, usize::MAX)?, 2); // the tail block stays unassigned
-/// assert_eq!(blocks.register(&manager)?, 2);
+/// assert_eq!(blocks.register(&manager, &seq)?, 2);
 /// assert_eq!((blocks.assigned_count(), blocks.staged_count(), blocks.unassigned_count()), (2, 0, 1));
 /// assert!(blocks.is_consistent_with(&seq));
 /// assert_eq!(blocks.block_ids().count(), 3);
@@ -231,6 +231,9 @@ impl<M> LogicalBlockAssignments<M> {
     /// Registers every staged block with `manager` (one lock) and appends the
     /// results to the assigned prefix. Returns how many were registered.
     ///
+    /// The blocks' tokens, read from `sequence` (the one they were staged
+    /// from), go with them into the manager's `Stored` events.
+    ///
     /// Under deduplication a block whose hash is already registered comes back
     /// as the existing block (another id, same content).
     ///
@@ -241,7 +244,11 @@ impl<M> LogicalBlockAssignments<M> {
     /// [`SequenceError::ForeignManager`] if the assigned blocks come from
     /// another manager than `manager` (the new registrations are then
     /// dropped into `manager`'s cache).
-    pub fn register(&mut self, manager: &BlockManager<M>) -> Result<usize, SequenceError> {
+    pub fn register(
+        &mut self,
+        manager: &BlockManager<M>,
+        sequence: &BlockSequence,
+    ) -> Result<usize, SequenceError> {
         if self.staged.is_empty() {
             return Ok(0);
         }
@@ -250,8 +257,13 @@ impl<M> LogicalBlockAssignments<M> {
         if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
             return Err(SequenceError::ForeignManager);
         }
+        let block_size = sequence.block_size();
+        let first = self.assigned.len().saturating_mul(block_size);
+        let tokens = (sequence.tokens())
+            .get(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
+            .unwrap_or_default();
         let staged = std::mem::take(&mut self.staged);
-        let registered = match manager.register_blocks(staged) {
+        let registered = match manager.register_blocks_with_tokens(staged, tokens) {
             Ok(registered) => registered,
             Err(rejected) => {
                 let (error, staged) = rejected.into_parts();

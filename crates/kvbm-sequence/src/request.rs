@@ -424,7 +424,7 @@ impl<M> RequestSequence<M> {
             return Ok(0);
         }
         self.check_manager(manager)?;
-        self.assignments.register(manager)
+        self.assignments.register(manager, &self.sequence)
     }
 
     /// Stages and registers every full block that an unassigned block can

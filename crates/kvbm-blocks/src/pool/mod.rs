@@ -11,12 +11,15 @@
 mod registry;
 
 use self::registry::Registry;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::events::{EventLog, EventSubscription};
 use crate::eviction::InactivePool;
 use crate::hash::join;
 use crate::sync::{Mutex, MutexGuard, lock};
 use crate::{
-    BlockError, BlockId, BlockInfo, CacheEvent, DuplicatePolicy, EvictionPolicy, PoolAudit,
-    PoolMetrics, SequenceHash,
+    BlockError, BlockId, BlockInfo, DuplicatePolicy, EvictionPolicy, PoolAudit, PoolMetrics,
+    SequenceHash,
 };
 
 /// What every handle and manager clone points at.
@@ -27,6 +30,9 @@ pub(crate) struct Shared {
     pub(crate) total: usize,
     pub(crate) eviction: EvictionPolicy,
     pub(crate) duplicates: DuplicatePolicy,
+    /// Whether the state has an event log: read without the lock, so a
+    /// flush on a pool nobody subscribes to costs one load.
+    subscribed: AtomicBool,
 }
 
 impl Shared {
@@ -35,20 +41,46 @@ impl Shared {
         block_size: usize,
         eviction: EvictionPolicy,
         duplicates: DuplicatePolicy,
-        record_events: bool,
     ) -> Result<Self, BlockError> {
-        let state = PoolState::new(total, eviction, duplicates, record_events)?;
+        let state = PoolState::new(total, eviction, duplicates)?;
         Ok(Self {
             state: Mutex::new(state),
             block_size,
             total,
             eviction,
             duplicates,
+            subscribed: AtomicBool::new(false),
         })
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
         lock(&self.state)
+    }
+
+    /// A new event subscription whose first message is a resync.
+    pub(crate) fn subscribe(&self, capacity: usize) -> EventSubscription {
+        let mut pool = self.lock();
+        // Earlier subscribers get what is pending first, so the newcomer's
+        // snapshot comes after the latest batch.
+        pool.flush_events();
+        let subscription = pool
+            .events
+            .get_or_insert_with(EventLog::new)
+            .subscribe(capacity);
+        self.subscribed.store(true, Ordering::Relaxed);
+        pool.flush_events();
+        subscription
+    }
+
+    /// Sends the pending events to the subscribers, if there are any.
+    pub(crate) fn flush_events(&self) {
+        if !self.subscribed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut pool = self.lock();
+        if !pool.flush_events() {
+            self.subscribed.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -127,7 +159,8 @@ pub(crate) struct PoolState {
     inactive: InactivePool,
     duplicates: DuplicatePolicy,
     counters: Counters,
-    events: Option<Vec<CacheEvent>>,
+    /// Present while someone subscribes to events.
+    events: Option<EventLog>,
 }
 
 impl PoolState {
@@ -135,7 +168,6 @@ impl PoolState {
         total: usize,
         eviction: EvictionPolicy,
         duplicates: DuplicatePolicy,
-        record_events: bool,
     ) -> Result<Self, BlockError> {
         let empty = Slot::new(SequenceHash::root(0), 0, 0, SlotState::Free);
         // The two largest tables, reserved fallibly: a pool too large for
@@ -156,7 +188,7 @@ impl PoolState {
             inactive: InactivePool::new(eviction, total),
             duplicates,
             counters: Counters::default(),
-            events: record_events.then(Vec::new),
+            events: None,
         })
     }
 
@@ -228,7 +260,7 @@ impl PoolState {
         self.inactive.on_evicted(id, |b| slots[b.index()].epoch);
         self.counters.evictions += 1;
         if let Some(events) = &mut self.events {
-            events.push(CacheEvent::Removed(hash));
+            events.removed(hash);
         }
         Some((id, hash))
     }
@@ -243,7 +275,13 @@ impl PoolState {
 
     /// Registers a held block under `hash`, returning the block that now
     /// stands for the hash with one reference taken for the caller.
-    pub(crate) fn register(&mut self, id: BlockId, hash: SequenceHash) -> BlockInfo {
+    /// `tokens` (the block's, or empty) go into its `Stored` event.
+    pub(crate) fn register(
+        &mut self,
+        id: BlockId,
+        hash: SequenceHash,
+        tokens: &[u32],
+    ) -> BlockInfo {
         self.counters.registrations += 1;
         if let Some(existing) = self.registered(hash.value()) {
             self.inactive.on_hit(hash);
@@ -275,7 +313,7 @@ impl PoolState {
         let info = BlockInfo::new(id, slot.epoch, hash);
         self.inactive.on_register(id, hash, parent);
         if let Some(events) = &mut self.events {
-            events.push(CacheEvent::Stored(hash));
+            events.stored(hash, tokens);
         }
         info
     }
@@ -370,18 +408,68 @@ impl PoolState {
         live
     }
 
-    /// Evicts every cached block to the free pool.
+    /// Evicts every cached block to the free pool. When that empties the
+    /// registry (no block was pinned) subscribers get one `Cleared` event
+    /// instead of a `Removed` naming every block.
     pub(crate) fn clear_cache(&mut self) -> Vec<SequenceHash> {
+        let empties_registry = self.registry.len() == self.inactive.len();
+        let log = match empties_registry {
+            true => self.events.take(),
+            false => None,
+        };
         let mut evicted = Vec::with_capacity(self.inactive.len());
         while let Some((id, hash)) = self.evict_one() {
             self.free.push(id);
             evicted.push(hash);
         }
+        if let Some(mut log) = log {
+            log.cleared();
+            self.events = Some(log);
+        }
         evicted
     }
 
-    pub(crate) fn drain_events(&mut self) -> Vec<CacheEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    /// Tells the event log (if any) a registration of `blocks` blocks with
+    /// `tokens` tokens is coming.
+    pub(crate) fn expect_registration(&mut self, blocks: usize, tokens: usize) {
+        if let Some(log) = &mut self.events {
+            log.expect_run(blocks, tokens);
+        }
+    }
+
+    /// Sends pending events once they are many, so an unflushed pool's log
+    /// stays bounded.
+    pub(crate) fn flush_if_full(&mut self) {
+        if self.events.as_ref().is_some_and(EventLog::is_full) {
+            self.flush_events();
+        }
+    }
+
+    /// Sends the pending events (and resyncs owed); drops the log when no
+    /// subscriber is left. Returns whether one is.
+    fn flush_events(&mut self) -> bool {
+        let Some(log) = &self.events else {
+            return false;
+        };
+        let snapshot = log.wants_snapshot().then(|| self.registered_hashes());
+        let Some(log) = &mut self.events else {
+            return false;
+        };
+        let subscribed = log.flush(snapshot);
+        if !subscribed {
+            self.events = None;
+        }
+        subscribed
+    }
+
+    /// Every registered hash, parents before children (by position).
+    fn registered_hashes(&self) -> Vec<SequenceHash> {
+        let mut hashes: Vec<SequenceHash> = (self.slots.iter())
+            .filter(|slot| slot.state == SlotState::Registered)
+            .map(Slot::hash)
+            .collect();
+        hashes.sort_unstable_by_key(|hash| hash.position());
+        hashes
     }
 
     pub(crate) fn metrics(&self) -> PoolMetrics {

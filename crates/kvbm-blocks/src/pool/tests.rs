@@ -4,11 +4,10 @@
 use super::*;
 
 fn pool_with_registered_block() -> PoolState {
-    let mut pool =
-        PoolState::new(4, EvictionPolicy::Lru, DuplicatePolicy::Deduplicate, false).unwrap();
+    let mut pool = PoolState::new(4, EvictionPolicy::Lru, DuplicatePolicy::Deduplicate).unwrap();
     let ids = pool.allocate(2, &mut Vec::new()).unwrap();
-    pool.register(ids[0], SequenceHash::root(7));
-    pool.register(ids[1], SequenceHash::root(8));
+    pool.register(ids[0], SequenceHash::root(7), &[]);
+    pool.register(ids[1], SequenceHash::root(8), &[]);
     pool.release(ids[1]); // cached
     pool
 }

@@ -21,7 +21,7 @@ use crate::{BLOCK_SIZE, Gpu};
 
 /// Cases per fuzz test: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N`
 /// sets it), else a CI-sized default.
-fn cases() -> u32 {
+pub(crate) fn cases() -> u32 {
     std::env::var("KVBM_FUZZ_CASES")
         .ok()
         .and_then(|cases| cases.parse().ok())

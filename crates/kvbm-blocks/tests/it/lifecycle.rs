@@ -1,6 +1,6 @@
 //! Each handle transition and where it leaves the block.
 
-use kvbm_blocks::{BlockId, CacheEvent, DuplicatePolicy, SequenceHash};
+use kvbm_blocks::{BlockId, DuplicatePolicy, SequenceHash};
 
 use crate::{BLOCK_SIZE, Gpu, audit, chain, manager, register};
 
@@ -210,31 +210,6 @@ fn allocation_evicts_cached_blocks_and_reports_their_hashes() {
     assert_eq!(manager.metrics().evictions, 2);
     assert_eq!(manager.scan_matches(&hashes), [true, false, false]);
     drop(allocation);
-}
-
-#[test]
-fn events_mirror_stores_and_removals_when_recorded() {
-    let manager = kvbm_blocks::BlockManager::<Gpu>::builder()
-        .block_count(3)
-        .block_size(BLOCK_SIZE)
-        .record_events(true)
-        .build()
-        .unwrap();
-    let hashes = chain(1, 2);
-    drop(register(&manager, &hashes));
-    drop(register(&manager, &hashes[..1])); // dedup: no new store
-    drop(manager.allocate_blocks(2).unwrap()); // the free block, then one eviction
-    let events = manager.drain_events();
-    assert_eq!(
-        events,
-        [
-            CacheEvent::Stored(hashes[0]),
-            CacheEvent::Stored(hashes[1]),
-            CacheEvent::Removed(hashes[1]),
-        ],
-        "block 0 was revived by the dedup, so block 1 is the LRU victim"
-    );
-    assert!(manager.drain_events().is_empty());
 }
 
 #[test]

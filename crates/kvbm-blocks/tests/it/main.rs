@@ -2,6 +2,7 @@
 
 mod batch;
 mod errors;
+mod events;
 mod eviction;
 #[cfg(not(kvbm_loom))]
 mod fuzz;

@@ -13,6 +13,10 @@ use super::{
 impl<M> Scheduler<M> {
     /// Commits what the engine sampled for the pending plan.
     ///
+    /// Ends the step: the pool's event subscribers
+    /// ([`BlockManager::subscribe_events`](kvbm_blocks::BlockManager::subscribe_events))
+    /// receive what it stored and evicted as one batch.
+    ///
     /// `outputs` holds one entry per planned request, in any order (entries
     /// for requests aborted since the plan are ignored).
     ///
@@ -70,6 +74,9 @@ impl<M> Scheduler<M> {
         self.end_cancelled(&mut report.finished);
         debug!(step, finished = report.finished.len(), "step applied");
         self.record_metrics();
+        // One batch of cache events per step, for the pool's subscribers
+        // (one atomic load when there are none).
+        self.manager.flush_events();
         Ok(report)
     }
 

@@ -6,16 +6,81 @@
 //! requeued forever. With aging on, a steady stream of urgent requests does
 //! not starve a less urgent one. `cargo xtask fuzz` runs these long.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use kvbm_blocks::{CacheEvent, EventMessage, EventSubscription};
 use kvbm_queue::{
     Aging, FinishReason, Finished, GenerationReserve, InferenceRequest, Preemption, Priority,
     QueueError, RequestId, SchedulerConfig,
 };
+use kvbm_sequence::{Salt, block_hash, chain_hash};
 use proptest::prelude::*;
 
 use super::fuzz_cases;
 use super::scheduler::{outputs, scheduler};
+
+/// Follows the scheduler's cache events as a router would, failing on any
+/// that a router could not apply: a gap, a removal of something never
+/// stored, a store before its parent, or tokens that do not hash to the
+/// blocks they are sent with (Dynamo recomputes hashes from them).
+#[derive(Default)]
+struct Mirror {
+    registered: HashSet<u128>,
+    sequence: u64,
+}
+
+impl Mirror {
+    fn follow(&mut self, events: &EventSubscription) -> Result<(), TestCaseError> {
+        prop_assert_eq!(events.missed_batches(), 0, "the channel is roomy");
+        for message in events.drain() {
+            match message {
+                EventMessage::Resync(resync) => {
+                    prop_assert_eq!(resync.sequence, 0, "only the first message");
+                    self.registered = resync.registered.iter().map(|h| h.value()).collect();
+                }
+                EventMessage::Batch(batch) => {
+                    prop_assert_eq!(batch.sequence, self.sequence + 1);
+                    self.sequence = batch.sequence;
+                    for event in &batch.events {
+                        self.apply(event)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, event: &CacheEvent) -> Result<(), TestCaseError> {
+        match event {
+            CacheEvent::Stored { hashes, tokens } => {
+                prop_assert_eq!(tokens.len(), hashes.len() * BS as usize);
+                for (hash, tokens) in hashes.iter().zip(tokens.chunks(BS as usize)) {
+                    let parent = hash.parent();
+                    prop_assert!(
+                        parent.is_none_or(|p| self.registered.contains(&p)),
+                        "{hash:?} stored before its parent"
+                    );
+                    let previous = parent.unwrap_or(Salt::NONE.get());
+                    prop_assert_eq!(hash.value(), chain_hash(previous, block_hash(tokens)));
+                    prop_assert!(
+                        self.registered.insert(hash.value()),
+                        "{hash:?} stored twice"
+                    );
+                }
+            }
+            CacheEvent::Removed { hashes } => {
+                for hash in hashes {
+                    prop_assert!(
+                        self.registered.remove(&hash.value()),
+                        "{hash:?} never stored"
+                    );
+                }
+            }
+            CacheEvent::Cleared => self.registered.clear(),
+        }
+        Ok(())
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Arrival {
@@ -110,6 +175,8 @@ fn workload() -> impl Strategy<Value = Workload> {
 /// is not strictly more urgent.
 fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseError> {
     let mut s = scheduler(w.blocks, w.config);
+    let events = s.manager().subscribe_events(4096);
+    let mut mirror = Mirror::default();
     let work: u64 = w
         .arrivals
         .iter()
@@ -189,6 +256,7 @@ fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseErro
         let report = s
             .apply(&out)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        mirror.follow(&events)?;
         for done in plan.finished.into_iter().chain(report.finished) {
             prop_assert!(finished.insert(done.id, done).is_none(), "{:?} twice", done);
         }

@@ -21,7 +21,7 @@ fn registered(manager: &BlockManager<Gpu>, sequence: &BlockSequence) -> Immutabl
     let mut a = LogicalBlockAssignments::new();
     a.extend_blocks(manager.allocate_blocks(sequence.num_blocks()).unwrap());
     a.stage(sequence, usize::MAX).unwrap();
-    a.register(manager).unwrap();
+    a.register(manager, sequence).unwrap();
     a.assigned().clone()
 }
 
@@ -80,10 +80,10 @@ fn register_publishes_staged_blocks_in_order() {
     let m = manager(8);
     let s = seq(0, 8);
     let mut a = LogicalBlockAssignments::new();
-    assert_eq!(a.register(&m).unwrap(), 0, "nothing staged");
+    assert_eq!(a.register(&m, &s).unwrap(), 0, "nothing staged");
     a.extend_blocks(m.allocate_blocks(2).unwrap());
     a.stage(&s, usize::MAX).unwrap();
-    assert_eq!(a.register(&m).unwrap(), 2);
+    assert_eq!(a.register(&m, &s).unwrap(), 2);
     assert_eq!(counts(&a), (2, 0, 0));
     assert!(
         a.assigned()
@@ -104,7 +104,7 @@ fn register_deduplicates_against_the_cache() {
     let mut a = LogicalBlockAssignments::new();
     a.extend_blocks(m.allocate_blocks(2).unwrap());
     a.stage(&s, usize::MAX).unwrap();
-    a.register(&m).unwrap();
+    a.register(&m, &s).unwrap();
     assert_eq!(
         a.assigned().block_ids().collect::<Vec<_>>(),
         first.block_ids().collect::<Vec<_>>(),
@@ -237,11 +237,11 @@ fn register_with_another_manager_keeps_the_blocks_staged() {
     a.extend_blocks(m1.allocate_blocks(1).unwrap());
     a.stage(&s, usize::MAX).unwrap();
     assert_eq!(
-        a.register(&m2).unwrap_err(),
+        a.register(&m2, &s).unwrap_err(),
         SequenceError::Block(BlockError::ForeignManager)
     );
     assert_eq!(counts(&a), (0, 1, 0));
-    assert_eq!(a.register(&m1).unwrap(), 1);
+    assert_eq!(a.register(&m1, &s).unwrap(), 1);
 }
 
 #[test]
@@ -256,7 +256,10 @@ fn register_into_an_assigned_prefix_of_another_manager_is_refused() {
     a.stage(&s, usize::MAX).unwrap();
     // Refused before anything moves: the staged block stays staged (it used
     // to be registered into m2 and dropped from the sequence).
-    assert_eq!(a.register(&m2).unwrap_err(), SequenceError::ForeignManager);
+    assert_eq!(
+        a.register(&m2, &s).unwrap_err(),
+        SequenceError::ForeignManager
+    );
     assert_eq!(counts(&a), (1, 1, 0));
     let audit = m2.audit().unwrap();
     assert_eq!(
@@ -286,7 +289,7 @@ fn truncate_releases_assigned_and_resets_staged_blocks_in_order() {
     let mut a = LogicalBlockAssignments::new();
     a.extend_blocks(m.allocate_blocks(6).unwrap());
     a.stage(&s, 3).unwrap();
-    a.register(&m).unwrap();
+    a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     assert_eq!(counts(&a), (3, 2, 1));
     let ids: Vec<BlockId> = a.block_ids().collect();
@@ -320,7 +323,7 @@ fn clear_gives_everything_back() {
     let mut a = LogicalBlockAssignments::new();
     a.extend_blocks(m.allocate_blocks(5).unwrap());
     a.stage(&s, 2).unwrap();
-    a.register(&m).unwrap();
+    a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     assert_eq!(counts(&a), (2, 1, 2));
     a.clear();
@@ -337,7 +340,7 @@ fn contains_and_block_ids_span_all_three_lists() {
     let mut a = LogicalBlockAssignments::new();
     a.extend_blocks(m.allocate_blocks(3).unwrap());
     a.stage(&s, 1).unwrap();
-    a.register(&m).unwrap();
+    a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     let ids: Vec<BlockId> = a.block_ids().collect();
     assert_eq!(ids.len(), 3);

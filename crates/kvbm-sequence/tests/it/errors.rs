@@ -272,7 +272,7 @@ fn lower_layer_refusals_pass_through() {
     blocks.stage(&sequence, usize::MAX).unwrap();
     check(
         "register",
-        blocks.register(&second).unwrap_err(),
+        blocks.register(&second, &sequence).unwrap_err(),
         SequenceError::Block(BlockError::ForeignManager),
     );
     check("kept", blocks.staged_count(), 1);

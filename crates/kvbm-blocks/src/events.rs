@@ -1,0 +1,332 @@
+//! Cache events by subscription: what became matchable and what stopped
+//! being, in order, for routers that mirror the cache.
+//!
+//! The pool appends events to a pending list as it registers and evicts
+//! (under its lock, so the list is in the order things happened) and
+//! [`BlockManager::flush_events`](crate::BlockManager::flush_events) sends
+//! the list as one [`EventBatch`] to every subscriber: a scheduler flushes
+//! once per step. Channels are bounded; a subscriber that falls behind loses
+//! batches, never silently: its [`EventSubscription::missed_batches`] counter
+//! grows and, as soon as its channel has room, it receives a [`Resync`] with
+//! every registered hash, which replaces whatever it had mirrored.
+//!
+//! With no subscriber nothing is recorded: registration and eviction pay one
+//! branch, and a flush one relaxed atomic load.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use crate::SequenceHash;
+
+/// Pending events are flushed on their own once they name this many blocks,
+/// so a pool nobody flushes keeps bounded memory (its subscribers then see
+/// more, smaller batches, or lag).
+pub const MAX_PENDING_BLOCKS: usize = 1 << 16;
+
+/// A change to the set of matchable hashes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// Consecutive blocks of one sequence became matchable (first
+    /// registrations; deduplicated ones are not announced again).
+    /// `hashes[0].parent()` is the parent of the first; each later hash is
+    /// its predecessor's child.
+    Stored {
+        /// The blocks' hashes, in chain order.
+        hashes: Vec<SequenceHash>,
+        /// Their tokens, `block_size` per block in order, when the blocks
+        /// were registered with
+        /// [`register_blocks_with_tokens`](crate::BlockManager::register_blocks_with_tokens);
+        /// empty otherwise.
+        tokens: Vec<u32>,
+    },
+    /// Blocks stopped being matchable (evicted), in eviction order.
+    Removed {
+        /// The evicted hashes.
+        hashes: Vec<SequenceHash>,
+    },
+    /// [`clear_cache`](crate::BlockManager::clear_cache) emptied the whole
+    /// registry: nothing is matchable.
+    Cleared,
+}
+
+/// The events between two flushes, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventBatch {
+    /// The pool's batch counter: consecutive for a subscriber that keeps up.
+    pub sequence: u64,
+    /// What happened, in order.
+    pub events: Vec<CacheEvent>,
+}
+
+/// Sent instead of the batches a lagging subscriber missed (and first to a
+/// new subscriber): the whole registered set, which replaces the mirror.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resync {
+    /// The state reflects every batch up to and including this one; the
+    /// next [`EventBatch`] is `sequence + 1`.
+    pub sequence: u64,
+    /// Batches this subscriber lost since its previous resync.
+    pub missed_batches: u64,
+    /// Every registered hash, by position, so a parent precedes its
+    /// children. (Tokens are not kept by the pool, so a snapshot has none.)
+    pub registered: Vec<SequenceHash>,
+}
+
+/// What a subscription delivers. Shared, so one batch fans out to many
+/// subscribers without copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventMessage {
+    /// The next batch.
+    Batch(Arc<EventBatch>),
+    /// Start over from this snapshot.
+    Resync(Arc<Resync>),
+}
+
+/// The receiving end of [`BlockManager::subscribe_events`](crate::BlockManager::subscribe_events).
+///
+/// Dropping it unsubscribes (the pool notices at its next flush).
+#[derive(Debug)]
+pub struct EventSubscription {
+    receiver: Receiver<EventMessage>,
+    missed: Arc<AtomicU64>,
+}
+
+impl EventSubscription {
+    /// The next message, if one is waiting.
+    pub fn try_recv(&self) -> Option<EventMessage> {
+        self.receiver.try_recv().ok()
+    }
+
+    /// The next message, waiting up to `timeout`; `None` if none came or the
+    /// pool is gone.
+    pub fn recv_timeout(&self, timeout: std::time::Duration) -> Option<EventMessage> {
+        self.receiver.recv_timeout(timeout).ok()
+    }
+
+    /// Every message waiting now, oldest first.
+    pub fn drain(&self) -> Vec<EventMessage> {
+        self.receiver.try_iter().collect()
+    }
+
+    /// The channel itself, for `select!` with other channels.
+    pub fn receiver(&self) -> &Receiver<EventMessage> {
+        &self.receiver
+    }
+
+    /// Batches this subscription has lost to a full channel, ever (each loss
+    /// is followed by a [`Resync`]).
+    pub fn missed_batches(&self) -> u64 {
+        self.missed.load(Ordering::Relaxed)
+    }
+}
+
+struct Subscriber {
+    sender: Sender<EventMessage>,
+    missed: Arc<AtomicU64>,
+    /// Batches lost since the last resync this subscriber received.
+    missed_since_resync: u64,
+    /// Owes a resync (lost a batch, or just joined).
+    behind: bool,
+}
+
+/// The pending events and the subscribers, kept in the pool's state.
+pub(crate) struct EventLog {
+    pending: Vec<CacheEvent>,
+    pending_blocks: usize,
+    /// Blocks and tokens the registration under way may still store: the
+    /// capacity a new `Stored` run starts with, so it is not regrown block
+    /// by block.
+    run_hint: (usize, usize),
+    /// Blocks the last batch removed: the capacity a batch's `Removed`
+    /// starts with.
+    removed_hint: usize,
+    subscribers: Vec<Subscriber>,
+    /// The sequence number of the last batch sent.
+    last_sequence: u64,
+}
+
+impl std::fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventLog")
+            .field("pending", &self.pending.len())
+            .field("subscribers", &self.subscribers.len())
+            .field("last_sequence", &self.last_sequence)
+            .finish()
+    }
+}
+
+impl EventLog {
+    pub(crate) fn new() -> Self {
+        Self {
+            pending: Vec::new(),
+            pending_blocks: 0,
+            run_hint: (0, 0),
+            removed_hint: 0,
+            subscribers: Vec::new(),
+            last_sequence: 0,
+        }
+    }
+
+    /// A new subscriber, owed a resync (it knows nothing yet).
+    pub(crate) fn subscribe(&mut self, capacity: usize) -> EventSubscription {
+        let (sender, receiver) = crossbeam_channel::bounded(capacity.max(1));
+        let missed = Arc::new(AtomicU64::new(0));
+        self.subscribers.push(Subscriber {
+            sender,
+            missed: missed.clone(),
+            missed_since_resync: 0,
+            behind: true,
+        });
+        EventSubscription { receiver, missed }
+    }
+
+    /// Announces a registration of up to `blocks` blocks and `tokens`
+    /// tokens (see `run_hint`).
+    pub(crate) fn expect_run(&mut self, blocks: usize, tokens: usize) {
+        self.run_hint = (blocks, tokens);
+    }
+
+    /// Records a first registration, extending the last event when it is a
+    /// `Stored` run this block continues (so a batch names a sequence's new
+    /// blocks in one event, as routers expect).
+    pub(crate) fn stored(&mut self, hash: SequenceHash, tokens: &[u32]) {
+        self.pending_blocks += 1;
+        if let Some(CacheEvent::Stored {
+            hashes,
+            tokens: run,
+        }) = self.pending.last_mut()
+            && run.is_empty() == tokens.is_empty()
+            && hashes.last().map(|last| last.value()) == hash.parent()
+        {
+            hashes.push(hash);
+            run.extend_from_slice(tokens);
+            return;
+        }
+        let (blocks, run_tokens) = self.run_hint;
+        let mut hashes = Vec::with_capacity(blocks.max(1));
+        hashes.push(hash);
+        let mut run = Vec::with_capacity(run_tokens.max(tokens.len()));
+        run.extend_from_slice(tokens);
+        self.pending.push(CacheEvent::Stored {
+            hashes,
+            tokens: run,
+        });
+    }
+
+    /// Records an eviction, extending the last event when it is a `Removed`.
+    pub(crate) fn removed(&mut self, hash: SequenceHash) {
+        self.pending_blocks += 1;
+        if let Some(CacheEvent::Removed { hashes }) = self.pending.last_mut() {
+            hashes.push(hash);
+            return;
+        }
+        self.pending
+            .push(CacheEvent::Removed { hashes: vec![hash] });
+    }
+
+    /// Records that the registry was emptied.
+    pub(crate) fn cleared(&mut self) {
+        self.pending.push(CacheEvent::Cleared);
+    }
+
+    /// Whether the pending events are due for a flush of their own.
+    pub(crate) fn is_full(&self) -> bool {
+        self.pending_blocks >= MAX_PENDING_BLOCKS
+    }
+
+    /// Whether a flush would need a snapshot: some subscriber owes a resync
+    /// and has room for it.
+    pub(crate) fn wants_snapshot(&self) -> bool {
+        self.subscribers
+            .iter()
+            .any(|s| s.behind && !s.sender.is_full())
+    }
+
+    /// Sends the pending events as one batch to every subscriber that keeps
+    /// up, and `snapshot` (the registered set after them) to those owed a
+    /// resync. Forgets subscribers that hung up; returns whether any remain.
+    pub(crate) fn flush(&mut self, snapshot: Option<Vec<SequenceHash>>) -> bool {
+        let batch = (!self.pending.is_empty()).then(|| {
+            self.last_sequence += 1;
+            self.pending_blocks = 0;
+            self.removed_hint = (self.pending.iter())
+                .map(|event| match event {
+                    CacheEvent::Removed { hashes } => hashes.len(),
+                    _ => 0,
+                })
+                .sum();
+            Arc::new(EventBatch {
+                sequence: self.last_sequence,
+                events: std::mem::take(&mut self.pending),
+            })
+        });
+        let sequence = self.last_sequence;
+        self.subscribers.retain_mut(|subscriber| {
+            if subscriber.behind
+                && let Some(registered) = &snapshot
+            {
+                // The snapshot is the state after this batch, so a
+                // subscriber that takes it loses nothing more.
+                let resync = Resync {
+                    sequence,
+                    missed_batches: subscriber.missed_since_resync,
+                    registered: registered.clone(),
+                };
+                return match subscriber.send(EventMessage::Resync(Arc::new(resync))) {
+                    Sent::Yes => {
+                        subscriber.behind = false;
+                        subscriber.missed_since_resync = 0;
+                        true
+                    }
+                    Sent::Full => {
+                        subscriber.lose(batch.is_some());
+                        true
+                    }
+                    Sent::HungUp => false,
+                };
+            }
+            let Some(batch) = &batch else {
+                return true;
+            };
+            if subscriber.behind {
+                subscriber.lose(true);
+                return true;
+            }
+            match subscriber.send(EventMessage::Batch(batch.clone())) {
+                Sent::Yes => true,
+                Sent::Full => {
+                    subscriber.behind = true;
+                    subscriber.lose(true);
+                    true
+                }
+                Sent::HungUp => false,
+            }
+        });
+        !self.subscribers.is_empty()
+    }
+}
+
+enum Sent {
+    Yes,
+    Full,
+    HungUp,
+}
+
+impl Subscriber {
+    fn send(&self, message: EventMessage) -> Sent {
+        match self.sender.try_send(message) {
+            Ok(()) => Sent::Yes,
+            Err(TrySendError::Full(_)) => Sent::Full,
+            Err(TrySendError::Disconnected(_)) => Sent::HungUp,
+        }
+    }
+
+    fn lose(&mut self, lost: bool) {
+        if lost {
+            self.missed_since_resync += 1;
+            self.missed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
