@@ -6,7 +6,10 @@
 //! send each request where its prefix is cached. This crate is the payload
 //! layer: [`KvEventBatch`] and its [`KvEvent`]s with exactly vLLM's layout,
 //! [`encode`] and [`decode`], and [`BlockHash`] conversions from kvbm's
-//! 128-bit [`SequenceHash`](kvbm_blocks::SequenceHash) values. With the
+//! 128-bit [`SequenceHash`](kvbm_blocks::SequenceHash) values;
+//! [`WireFormat`] turns a block pool's event subscription
+//! ([`BlockManager::subscribe_events`](kvbm_blocks::BlockManager::subscribe_events))
+//! into such batches. With the
 //! `zmq` feature, vLLM's transport too: a `Publisher` (PUB frames and the
 //! replay ROUTER) and a `Subscriber` that repairs gaps from the replay
 //! socket. The core crates never depend on this one.
@@ -43,12 +46,14 @@
 #![forbid(unsafe_code)]
 
 mod codec;
+mod convert;
 mod hash;
 #[cfg(feature = "zmq")]
 mod transport;
 mod wire;
 
 pub use codec::{EventError, decode, encode};
+pub use convert::WireFormat;
 pub use hash::{BlockHash, HashForm};
 #[cfg(feature = "zmq")]
 pub use transport::{Publisher, PublisherConfig, Subscriber};

@@ -250,7 +250,17 @@ impl Publisher {
     /// [`EventError::Encode`] or [`EventError::Transport`]; the sequence
     /// number is not used up then.
     pub fn publish(&mut self, batch: &KvEventBatch) -> Result<u64, EventError> {
-        let payload = encode(batch)?;
+        self.publish_payload(encode(batch)?)
+    }
+
+    /// Sends an already encoded batch (from [`encode`] or
+    /// [`WireFormat::encode`](crate::WireFormat::encode)) and keeps it for
+    /// replay; its sequence number.
+    ///
+    /// # Errors
+    ///
+    /// [`EventError::Transport`]; the sequence number is not used up then.
+    pub fn publish_payload(&mut self, payload: Vec<u8>) -> Result<u64, EventError> {
         if let Some(delay) = self.pending_delay.take() {
             std::thread::sleep(delay);
         }
@@ -266,6 +276,16 @@ impl Publisher {
             buffer.push_back((seq, payload));
         }
         Ok(seq)
+    }
+}
+
+impl Publisher {
+    /// Closes the sockets, giving messages still queued up to `linger` to
+    /// leave (dropping a publisher discards them at once).
+    pub fn close(self, linger: Duration) {
+        let millis = i32::try_from(linger.as_millis()).unwrap_or(i32::MAX);
+        // A socket that refuses the option closes as it would have anyway.
+        let _ = self.socket.set_linger(millis);
     }
 }
 

@@ -152,6 +152,12 @@ pub enum SimError {
         /// Requests running.
         running: u64,
     },
+    /// The replay's event sink failed (the `--kv-events` socket).
+    #[error("publishing KV events: {reason}")]
+    Events {
+        /// What the sink said.
+        reason: String,
+    },
     /// An eviction policy name that is not `lru`, `multi-level` or `lineage`.
     #[error("unknown eviction policy `{name}` (expected lru, multi-level or lineage)")]
     UnknownEviction {

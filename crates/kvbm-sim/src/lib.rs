@@ -121,6 +121,7 @@
 
 mod capacity;
 mod error;
+mod events;
 mod eviction;
 mod format;
 pub mod mode;
@@ -129,10 +130,13 @@ mod progress;
 mod stats;
 mod sweep;
 mod trace;
+#[cfg(feature = "kv-events")]
+mod wire;
 mod workload;
 
 pub use capacity::Capacity;
 pub use error::SimError;
+pub use events::{EventSink, KvEventCounts};
 pub use eviction::Eviction;
 pub use mode::cache::{CacheConfig, CacheOccupancy, CacheReport, CacheSim, RequestOutcome};
 pub use mode::serve::{
@@ -143,4 +147,6 @@ pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;
 pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};
 pub use trace::{CONVERSATION_EXCERPT, TRACE_BLOCK_TOKENS, Trace, TraceRequest, TraceSummary};
+#[cfg(feature = "kv-events")]
+pub use wire::ZmqEventSink;
 pub use workload::{SUB_BLOCK_SEED, Workload, WorkloadRequest, sub_block_value};

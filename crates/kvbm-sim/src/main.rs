@@ -233,6 +233,23 @@ struct ServeArgs {
     /// Write the final Prometheus exposition to FILE.
     #[arg(long, value_name = "FILE")]
     metrics_out: Option<PathBuf>,
+    /// Publish the engine's KV events on vLLM's ZeroMQ wire (msgpack
+    /// KVEventBatch, hashes as 64-bit ints) at ENDPOINT. As in vLLM, an
+    /// endpoint with `*` is bound (tcp://*:5557, for routers to connect),
+    /// any other is connected to.
+    #[arg(long, value_name = "ENDPOINT")]
+    kv_events: Option<String>,
+    /// With --kv-events, also answer replay requests at ENDPOINT (a ROUTER
+    /// socket keeping the last 10,000 batches).
+    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
+    kv_events_replay: Option<String>,
+    /// With --kv-events, the topic frame of every message.
+    #[arg(long, value_name = "T", default_value = "", requires = "kv_events")]
+    kv_events_topic: String,
+    /// With --kv-events, wait up to MS for a first subscriber before
+    /// replaying.
+    #[arg(long, value_name = "MS", default_value_t = 0, requires = "kv_events")]
+    kv_events_wait_ms: u64,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
@@ -476,7 +493,15 @@ fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     if let Some(limit) = args.limit {
         loaded.trace.truncate(limit);
     }
-    let report = kvbm_sim::mode::serve::replay(&loaded.trace, &config, progress)?;
+    let mut sink = event_sink(args, config.block_size)?;
+    let events = sink
+        .as_mut()
+        .map(|sink| sink as &mut dyn kvbm_sim::EventSink);
+    let report =
+        kvbm_sim::mode::serve::replay_with_events(&loaded.trace, &config, progress, events)?;
+    if let Some(sink) = sink {
+        close_sink(sink);
+    }
     if let Some(exporter) = &exporter {
         if let Some(path) = &args.metrics_out {
             exporter.write(path)?;
@@ -495,6 +520,58 @@ fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     write_trace_summary(out, &loaded, None)?;
     write!(out, "{report}")?;
     Ok(())
+}
+
+/// The `--kv-events` publisher, if asked for.
+#[cfg(feature = "kv-events")]
+fn event_sink(
+    args: &ServeArgs,
+    block_size: usize,
+) -> Result<Option<kvbm_sim::ZmqEventSink>, Failure> {
+    use kvbm_events::{HashForm, PublisherConfig, WireFormat};
+    let Some(endpoint) = &args.kv_events else {
+        return Ok(None);
+    };
+    let mut config =
+        PublisherConfig::new(endpoint.clone()).with_topic(args.kv_events_topic.clone());
+    if let Some(replay) = &args.kv_events_replay {
+        config = config.with_replay(replay.clone());
+    }
+    let block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
+    let format = WireFormat::new(block_size).with_hash_form(HashForm::Int64);
+    let wait = Duration::from_millis(args.kv_events_wait_ms);
+    Ok(Some(kvbm_sim::ZmqEventSink::new(&config, format, wait)?))
+}
+
+/// Gives the last batches a moment to reach the subscribers.
+#[cfg(feature = "kv-events")]
+fn close_sink(sink: kvbm_sim::ZmqEventSink) {
+    sink.close(Duration::from_secs(1));
+}
+
+#[cfg(not(feature = "kv-events"))]
+fn close_sink(_: NoSink) {}
+
+/// Without the `kv-events` feature, `--kv-events` is refused.
+#[cfg(not(feature = "kv-events"))]
+fn event_sink(args: &ServeArgs, _block_size: usize) -> Result<Option<NoSink>, Failure> {
+    match args.kv_events {
+        Some(_) => Err(SimError::Events {
+            reason: "--kv-events needs kvbm-sim built with the kv-events feature".to_owned(),
+        }
+        .into()),
+        None => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "kv-events"))]
+struct NoSink;
+
+#[cfg(not(feature = "kv-events"))]
+impl kvbm_sim::EventSink for NoSink {
+    fn publish(&mut self, _: &kvbm_blocks::EventMessage) -> Result<(), kvbm_sim::SimError> {
+        Ok(())
+    }
 }
 
 fn write_trace_summary(

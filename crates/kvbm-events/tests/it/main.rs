@@ -1,5 +1,6 @@
 //! kvbm-events against vLLM's own bytes, and fuzzed.
 
+mod convert;
 mod fuzz;
 mod golden;
 #[cfg(feature = "zmq")]

@@ -75,6 +75,7 @@ pub use self::latency::Latency;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
 pub use self::step_time::StepTime;
 pub use self::tokens::{prompt_tokens, trace_token};
+use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
 use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Trace};
 
 /// Finished requests between two progress reports.
@@ -209,11 +210,27 @@ impl ServeConfig {
 /// [`SimError::Scheduler`] for a scheduler limit of zero, or if the
 /// scheduler refuses an operation or fails an audit (a bug);
 /// [`SimError::Stalled`] if it stops making progress (a bug).
-#[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
 pub fn replay(
     trace: &Trace,
     config: &ServeConfig,
     progress: &mut dyn Progress,
+) -> Result<ServeReport, SimError> {
+    replay_with_events(trace, config, progress, None)
+}
+
+/// [`replay`], handing the engine's cache events to `events` after every
+/// step (vLLM's wire, say); the report then counts them
+/// ([`ServeReport::kv_events`]).
+///
+/// # Errors
+///
+/// As [`replay`], and [`SimError::Events`] if the sink fails.
+#[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
+pub fn replay_with_events(
+    trace: &Trace,
+    config: &ServeConfig,
+    progress: &mut dyn Progress,
+    events: Option<&mut dyn EventSink>,
 ) -> Result<ServeReport, SimError> {
     let block_size = config.block_size;
     if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
@@ -234,7 +251,10 @@ pub fn replay(
     let scheduler = Scheduler::new(manager, config.scheduler)?;
     progress.start("serving", trace.len() as u64);
     let mut sim = ServeSim::new(trace, config, scheduler);
-    let result = sim.run(progress);
+    if events.is_some() {
+        sim.tap_events();
+    }
+    let result = sim.run(progress, events);
     progress.finish();
     result?;
     let mut report = sim.report(capacity_blocks)?;
@@ -283,6 +303,8 @@ struct ServeSim<'a> {
     /// facade (a no-op without a recorder).
     ttft: metrics::Histogram,
     counters: Counters,
+    /// The pool's cache events, when someone listens.
+    events: Option<EventTap>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -351,7 +373,15 @@ impl<'a> ServeSim<'a> {
             prompt: Vec::new(),
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
+            events: None,
         }
+    }
+
+    /// Subscribes to the pool's cache events (before the first step, so the
+    /// subscription starts from an empty pool).
+    fn tap_events(&mut self) {
+        let subscription = (self.scheduler.manager()).subscribe_events(SUBSCRIPTION_CAPACITY);
+        self.events = Some(EventTap::new(subscription));
     }
 
     fn next_arrival_time(&self) -> Option<u64> {
@@ -359,7 +389,11 @@ impl<'a> ServeSim<'a> {
         self.tracks.get(index).map(|track| track.arrival)
     }
 
-    fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
+    fn run(
+        &mut self,
+        progress: &mut dyn Progress,
+        mut sink: Option<&mut dyn EventSink>,
+    ) -> Result<(), SimError> {
         if let Some(first) = self.next_arrival_time() {
             self.now = first;
         }
@@ -376,6 +410,9 @@ impl<'a> ServeSim<'a> {
             }
             let plan = self.scheduler.step()?;
             let changed = self.step(&plan)?;
+            if let (Some(tap), Some(sink)) = (&mut self.events, sink.as_deref_mut()) {
+                tap.pump(sink)?;
+            }
             if !changed {
                 // Nothing ran or moved: only an arrival can change that.
                 match self.next_arrival_time() {
@@ -403,6 +440,9 @@ impl<'a> ServeSim<'a> {
         }
         progress.advance(self.counters.unreported);
         self.counters.unreported = 0;
+        if let Some(sink) = sink {
+            sink.finish()?;
+        }
         Ok(())
     }
 
@@ -661,6 +701,7 @@ impl<'a> ServeSim<'a> {
             sim_duration: Duration::from_nanos(self.now.saturating_sub(first_arrival)),
             busy_time: Duration::from_nanos(counters.busy),
             replay_time: Duration::ZERO,
+            kv_events: self.events.as_ref().map(EventTap::counts),
             requests: timelines,
         })
     }

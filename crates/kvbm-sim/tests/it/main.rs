@@ -4,6 +4,7 @@ mod cli;
 mod errors;
 #[cfg(not(kvbm_loom))]
 mod fuzz;
+mod kv_events;
 #[cfg(not(kvbm_loom))]
 mod model;
 mod prometheus;

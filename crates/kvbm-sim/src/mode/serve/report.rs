@@ -10,7 +10,7 @@ use super::latency::ms;
 use super::{Latency, StepTime};
 use crate::format::{group, percent};
 use crate::trace::ratio;
-use crate::{Eviction, HitStats};
+use crate::{Eviction, HitStats, KvEventCounts};
 
 /// How a trace request left the simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -185,6 +185,9 @@ pub struct ServeReport {
     pub busy_time: Duration,
     /// Wall time of the replay, building the pool included.
     pub replay_time: Duration,
+    /// The cache events published during the replay, when they were
+    /// ([`replay_with_events`](super::replay_with_events)).
+    pub kv_events: Option<KvEventCounts>,
     /// Every trace request, in trace order.
     pub requests: Vec<RequestTimeline>,
 }
@@ -299,6 +302,7 @@ impl ServeReport {
             "sim_duration_s": self.sim_duration.as_secs_f64(),
             "utilization": self.utilization(),
             "replay_ms": ms(self.replay_time),
+            "kv_events": self.kv_events.map(|counts| counts.to_json()),
         })
     }
 }

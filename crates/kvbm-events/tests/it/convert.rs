@@ -1,0 +1,123 @@
+//! A block pool's events in vLLM's form: `WireFormat::batch` and its
+//! copy-free `WireFormat::encode` agree byte for byte, and what the pool
+//! stores and evicts comes out as vLLM's events.
+
+use std::sync::Arc;
+
+use kvbm_blocks::{BlockManager, CacheEvent, EventBatch, EventMessage, Resync, SequenceHash};
+use kvbm_events::{BlockHash, HashForm, KvEvent, WireFormat, decode, encode};
+use proptest::prelude::*;
+
+struct Gpu;
+
+fn chain(len: usize, seed: u128) -> Vec<SequenceHash> {
+    let mut hashes: Vec<SequenceHash> = Vec::new();
+    for i in 0..len as u128 {
+        let value = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i);
+        hashes.push(match hashes.last() {
+            Some(parent) => parent.child(value),
+            None => SequenceHash::root(value),
+        });
+    }
+    hashes
+}
+
+fn event() -> impl Strategy<Value = CacheEvent> {
+    prop_oneof![
+        (1..5usize, any::<u128>(), any::<bool>(), any::<u32>()).prop_map(
+            |(len, seed, with_tokens, token)| CacheEvent::Stored {
+                hashes: chain(len, seed),
+                tokens: match with_tokens {
+                    true => vec![token; len * 4],
+                    false => Vec::new(),
+                },
+            }
+        ),
+        (1..5usize, any::<u128>()).prop_map(|(len, seed)| CacheEvent::Removed {
+            hashes: chain(len, seed),
+        }),
+        Just(CacheEvent::Cleared),
+    ]
+}
+
+fn format() -> impl Strategy<Value = WireFormat> {
+    let form = prop_oneof![Just(HashForm::Bytes), Just(HashForm::Int64)];
+    let text = prop::option::of("[a-zA-Z]{0,6}");
+    (form, text.clone(), text, prop::option::of(any::<i64>())).prop_map(
+        |(form, medium, lora, rank)| {
+            WireFormat::new(4)
+                .with_hash_form(form)
+                .with_medium(medium)
+                .with_lora_name(lora)
+                .with_rank(rank)
+        },
+    )
+}
+
+proptest! {
+    #[test]
+    fn fuzz_the_copy_free_encoding_is_the_batchs(
+        format in format(),
+        events in prop::collection::vec(event(), 0..6),
+        resync in any::<bool>(),
+        ts in any::<f64>(),
+    ) {
+        let message = match resync {
+            true => EventMessage::Resync(Arc::new(Resync {
+                sequence: 3,
+                missed_batches: 1,
+                registered: chain(2, 5),
+            })),
+            false => EventMessage::Batch(Arc::new(EventBatch { sequence: 1, events })),
+        };
+        let batch = format.batch(&message, ts);
+        let bytes = format.encode(&message, ts).unwrap();
+        prop_assert_eq!(&bytes, &encode(&batch).unwrap());
+        let decoded = decode(&bytes).unwrap();
+        prop_assert_eq!(decoded.events(), batch.events());
+    }
+}
+
+#[test]
+fn a_pools_stores_and_evictions_become_vllms_events() {
+    let manager = BlockManager::<Gpu>::builder()
+        .block_count(2)
+        .block_size(2)
+        .build()
+        .unwrap();
+    let events = manager.subscribe_events(8);
+    let format = WireFormat::new(2).with_hash_form(HashForm::Int64);
+    let hashes = chain(2, 1);
+    let staged = (manager.allocate_blocks(2).unwrap().into_iter().zip(&hashes))
+        .map(|(block, &hash)| block.stage(hash, 2).unwrap())
+        .collect();
+    drop(
+        manager
+            .register_blocks_with_tokens(staged, &[1, 2, 3, 4])
+            .unwrap(),
+    );
+    manager.flush_events();
+    drop(manager.allocate_blocks(1).unwrap()); // evicts the chain's end
+    manager.flush_events();
+    let wire: Vec<KvEvent> = (events.drain().iter())
+        .flat_map(|message| decode(&format.encode(message, 0.0).unwrap()).unwrap().1)
+        .collect();
+    let int = |hash: SequenceHash| BlockHash::Int(hash.value() as u64);
+    let [
+        cleared,
+        KvEvent::BlockStored(stored),
+        KvEvent::BlockRemoved(removed),
+    ] = &wire[..]
+    else {
+        panic!("a resync, a store and a removal: {wire:?}");
+    };
+    assert_eq!(cleared, &KvEvent::AllBlocksCleared);
+    assert_eq!(stored.block_hashes, [int(hashes[0]), int(hashes[1])]);
+    assert_eq!(
+        (stored.parent_block_hash.clone(), stored.block_size),
+        (None, 2)
+    );
+    assert_eq!(stored.token_ids, [1, 2, 3, 4]);
+    assert_eq!(stored.medium.as_deref(), Some("GPU"));
+    assert_eq!(removed.block_hashes, [int(hashes[1])]);
+}

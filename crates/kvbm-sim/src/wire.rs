@@ -1,0 +1,223 @@
+//! [`ZmqEventSink`]: a replay's cache events on vLLM's wire (ZeroMQ PUB
+//! frames, msgpack `KVEventBatch`es, an optional replay socket), as
+//! `kvbm-sim serve --kv-events` publishes them.
+//!
+//! Like vLLM's `ZmqEventPublisher`, encoding and sending happen on a thread
+//! of their own: the engine hands each step's batch over a bounded channel
+//! and goes on. When that thread falls behind, the engine waits (a replay
+//! must not lose events; the channel's bound keeps memory bounded).
+
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender};
+use kvbm_blocks::EventMessage;
+use kvbm_events::{EventError, Publisher, PublisherConfig, WireFormat};
+
+use crate::{EventSink, SimError};
+
+/// Handoffs in flight between the engine and the publishing thread.
+const IN_FLIGHT: usize = 64;
+
+/// Messages per handoff: waking the publishing thread for every step's
+/// batch would cost the engine more than the batch itself.
+const PER_HANDOFF: usize = 64;
+
+/// Publishes each message as one vLLM batch, from a thread of its own.
+pub struct ZmqEventSink {
+    endpoint: String,
+    state: State,
+    /// Subscriptions seen while waiting.
+    subscribers: usize,
+    published: u64,
+}
+
+/// The engine's side of the channel, with the messages not yet handed off.
+///
+/// Published messages come back to be dropped here: glibc's allocator locks
+/// the allocating thread's arena to free a block from another thread, and
+/// the engine allocates all the time, so freeing them on the publishing
+/// thread slowed the engine by a third.
+struct Handoff {
+    sender: Sender<Vec<EventMessage>>,
+    returned: Receiver<Vec<EventMessage>>,
+    waiting: Vec<EventMessage>,
+}
+
+impl Handoff {
+    fn push(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        self.waiting.push(message.clone());
+        if self.waiting.len() >= PER_HANDOFF {
+            self.hand_off()?;
+        }
+        Ok(())
+    }
+
+    fn hand_off(&mut self) -> Result<(), SimError> {
+        let next = match self.returned.try_recv() {
+            Ok(mut published) => {
+                published.clear();
+                published
+            }
+            Err(_) => Vec::with_capacity(PER_HANDOFF),
+        };
+        let messages = std::mem::replace(&mut self.waiting, next);
+        self.sender.send(messages).map_err(|_| hung_up())
+    }
+}
+
+enum State {
+    /// Opened, nothing published yet (subscribers can still be awaited).
+    Ready(Publisher, WireFormat),
+    /// The publishing thread runs; it hands the publisher back at the end.
+    Running(Handoff, JoinHandle<Result<Publisher, EventError>>),
+    /// Finished: the sockets stay open (for late readers and replay) until
+    /// the sink is closed or dropped.
+    Finished(Publisher),
+    /// Failed, or in transition.
+    Done,
+}
+
+fn failed(error: EventError) -> SimError {
+    SimError::Events {
+        reason: error.to_string(),
+    }
+}
+
+fn hung_up() -> SimError {
+    SimError::Events {
+        reason: "the publishing thread stopped".to_owned(),
+    }
+}
+
+impl ZmqEventSink {
+    /// Opens the sockets `config` names (binding or connecting as vLLM
+    /// decides: an endpoint with `*` binds) and waits up to `wait` for a
+    /// first subscriber, so a router that is connecting does not miss the
+    /// first batches (ZeroMQ drops messages for subscribers not yet joined).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Events`] if a socket cannot be opened.
+    pub fn new(
+        config: &PublisherConfig,
+        format: WireFormat,
+        wait: Duration,
+    ) -> Result<Self, SimError> {
+        let publisher = Publisher::new(config).map_err(failed)?;
+        let mut sink = Self {
+            endpoint: publisher.endpoint().to_owned(),
+            state: State::Ready(publisher, format),
+            subscribers: 0,
+            published: 0,
+        };
+        if !wait.is_zero() {
+            sink.wait_for_subscriber(wait)?;
+        }
+        Ok(sink)
+    }
+
+    /// Waits up to `timeout` for a (further) subscriber; whether one came.
+    /// Only before the first batch (afterwards it returns `false`).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Events`] if the socket fails.
+    pub fn wait_for_subscriber(&mut self, timeout: Duration) -> Result<bool, SimError> {
+        let State::Ready(publisher, _) = &mut self.state else {
+            return Ok(false);
+        };
+        let before = self.subscribers;
+        self.subscribers = (publisher.wait_for_subscribers(before + 1, timeout)).map_err(failed)?;
+        Ok(self.subscribers > before)
+    }
+
+    /// The PUB endpoint, its port resolved.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Batches published, once [`finish`](EventSink::finish)ed.
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+
+    /// Closes the sockets, giving queued messages up to `linger` to leave.
+    pub fn close(mut self, linger: Duration) {
+        if let State::Finished(publisher) | State::Ready(publisher, _) =
+            std::mem::replace(&mut self.state, State::Done)
+        {
+            publisher.close(linger);
+        }
+    }
+
+    fn start(publisher: Publisher, format: WireFormat) -> Result<State, SimError> {
+        let (sender, receiver) = crossbeam_channel::bounded::<Vec<EventMessage>>(IN_FLIGHT);
+        // Room for every handoff, so the publishing thread never waits to
+        // give one back.
+        let (give_back, returned) = crossbeam_channel::bounded(IN_FLIGHT + 2);
+        let thread = std::thread::Builder::new()
+            .name("kv-events".to_owned())
+            .spawn(move || {
+                let mut publisher = publisher;
+                for messages in receiver {
+                    for message in &messages {
+                        // Stamped like vLLM's (`time.time()`): wall-clock seconds.
+                        let ts = (SystemTime::now().duration_since(UNIX_EPOCH))
+                            .map_or(0.0, |since| since.as_secs_f64());
+                        publisher.publish_payload(format.encode(message, ts)?)?;
+                    }
+                    // Full only if the engine stopped taking them back: then
+                    // dropping here is all that is left.
+                    let _ = give_back.try_send(messages);
+                }
+                Ok(publisher)
+            })
+            .map_err(|error| SimError::Events {
+                reason: format!("cannot start the publishing thread: {error}"),
+            })?;
+        let handoff = Handoff {
+            sender,
+            returned,
+            waiting: Vec::with_capacity(PER_HANDOFF),
+        };
+        Ok(State::Running(handoff, thread))
+    }
+}
+
+impl EventSink for ZmqEventSink {
+    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        if let State::Ready(..) = self.state
+            && let State::Ready(publisher, format) = std::mem::replace(&mut self.state, State::Done)
+        {
+            self.state = Self::start(publisher, format)?;
+        }
+        match &mut self.state {
+            State::Running(handoff, _) => handoff.push(message),
+            State::Ready(..) | State::Finished(_) | State::Done => Err(hung_up()),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), SimError> {
+        if let State::Running(mut handoff, thread) = std::mem::replace(&mut self.state, State::Done)
+        {
+            if !handoff.waiting.is_empty() {
+                handoff.hand_off()?;
+            }
+            drop(handoff);
+            let publisher = thread.join().map_err(|_| hung_up())?.map_err(failed)?;
+            self.published = publisher.next_seq();
+            self.state = State::Finished(publisher);
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for ZmqEventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZmqEventSink")
+            .field("endpoint", &self.endpoint)
+            .field("published", &self.published)
+            .finish_non_exhaustive()
+    }
+}

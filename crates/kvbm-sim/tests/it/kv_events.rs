@@ -1,0 +1,142 @@
+//! Serve mode with its cache events followed: the report's counts, a mirror
+//! a router could keep, and (with the `kv-events` feature) the same stream
+//! read back from vLLM's ZeroMQ wire.
+
+use std::collections::HashSet;
+
+use kvbm_blocks::{CacheEvent, EventMessage};
+use kvbm_sim::mode::serve::replay_with_events;
+use kvbm_sim::{Capacity, EventSink, NoProgress, ServeConfig, SimError, Trace};
+
+/// A router's view, failing on any event it could not apply.
+#[derive(Default)]
+struct Mirror {
+    registered: HashSet<u128>,
+    messages: u64,
+    block_size: usize,
+}
+
+impl EventSink for Mirror {
+    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        self.messages += 1;
+        let fail = |reason: String| Err(SimError::Events { reason });
+        match message {
+            EventMessage::Resync(resync) => {
+                self.registered = resync.registered.iter().map(|h| h.value()).collect();
+            }
+            EventMessage::Batch(batch) => {
+                for event in &batch.events {
+                    match event {
+                        CacheEvent::Stored { hashes, tokens } => {
+                            if tokens.len() != hashes.len() * self.block_size {
+                                return fail(format!("{} tokens for {hashes:?}", tokens.len()));
+                            }
+                            let parent = hashes[0].parent();
+                            if parent.is_some_and(|p| !self.registered.contains(&p)) {
+                                return fail(format!("{:?} before its parent", hashes[0]));
+                            }
+                            for hash in hashes {
+                                if !self.registered.insert(hash.value()) {
+                                    return fail(format!("{hash:?} stored twice"));
+                                }
+                            }
+                        }
+                        CacheEvent::Removed { hashes } => {
+                            for hash in hashes {
+                                if !self.registered.remove(&hash.value()) {
+                                    return fail(format!("{hash:?} removed, never stored"));
+                                }
+                            }
+                        }
+                        CacheEvent::Cleared => self.registered.clear(),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A pool small enough (2,048 blocks) that the excerpt evicts.
+fn config() -> ServeConfig {
+    ServeConfig::new(16, Capacity::Blocks(2048))
+}
+
+#[test]
+fn a_router_can_follow_the_events_and_the_report_counts_them() {
+    let trace = Trace::conversation_excerpt().unwrap();
+    let mut mirror = Mirror {
+        block_size: 16,
+        ..Mirror::default()
+    };
+    let report = replay_with_events(&trace, &config(), &mut NoProgress, Some(&mut mirror)).unwrap();
+    let counts = report.kv_events.expect("counted");
+    assert!(report.evictions > 0, "the pool is small enough to evict");
+    assert_eq!(counts.removed_blocks, report.evictions);
+    assert_eq!(
+        (counts.resyncs, counts.missed_batches, counts.cleared),
+        (1, 0, 0)
+    );
+    assert_eq!(counts.batches + counts.resyncs, mirror.messages);
+    assert_eq!(
+        mirror.registered.len() as u64,
+        counts.stored_blocks - counts.removed_blocks
+    );
+    let json = report.to_json();
+    assert_eq!(json["kv_events"]["stored_blocks"], counts.stored_blocks);
+    assert_eq!(json["kv_events"]["removed_blocks"], report.evictions);
+    // Publishing changes nothing about the replay itself.
+    let plain = config().run(&trace).unwrap();
+    assert_eq!(plain.kv_events, None);
+    assert_eq!(
+        (plain.hits, plain.evictions),
+        (report.hits, report.evictions)
+    );
+}
+
+#[cfg(feature = "kv-events")]
+#[test]
+fn serve_publishes_the_same_stream_on_vllms_wire() {
+    use std::time::Duration;
+
+    use kvbm_events::{HashForm, KvEvent, PublisherConfig, Subscriber, WireFormat};
+    use kvbm_sim::ZmqEventSink;
+
+    let trace = Trace::conversation_excerpt().unwrap();
+    let publisher = PublisherConfig::new("tcp://127.0.0.1:*");
+    let format = WireFormat::new(16).with_hash_form(HashForm::Int64);
+    // Open first (no wait), then subscribe, then wait for the subscription.
+    let mut sink = ZmqEventSink::new(&publisher, format.clone(), Duration::ZERO).unwrap();
+    let mut subscriber = Subscriber::new(sink.endpoint(), None, "", Some(0)).unwrap();
+    sink.wait_for_subscriber(Duration::from_secs(10)).unwrap();
+    let report = replay_with_events(&trace, &config(), &mut NoProgress, Some(&mut sink)).unwrap();
+    let counts = report.kv_events.unwrap();
+    assert_eq!(sink.published(), counts.batches + counts.resyncs);
+    let (mut stored, mut removed, mut batches) = (0u64, 0u64, 0u64);
+    while batches < sink.published() {
+        let received = subscriber
+            .recv(Duration::from_secs(10))
+            .unwrap()
+            .expect("a batch");
+        for (seq, batch) in received {
+            assert_eq!(seq, batches, "in order, none lost");
+            batches += 1;
+            for event in batch.events() {
+                match event {
+                    KvEvent::BlockStored(s) => {
+                        assert_eq!(s.token_ids.len(), 16 * s.block_hashes.len());
+                        stored += s.block_hashes.len() as u64;
+                    }
+                    KvEvent::BlockRemoved(r) => removed += r.block_hashes.len() as u64,
+                    KvEvent::AllBlocksCleared => {}
+                }
+            }
+        }
+    }
+    assert_eq!(subscriber.lost(), 0);
+    assert_eq!(batches, counts.batches + counts.resyncs);
+    assert_eq!(
+        (stored, removed),
+        (counts.stored_blocks, counts.removed_blocks)
+    );
+}
