@@ -12,6 +12,7 @@ pub(crate) const LAYERS: &[&str] = &[
     "kvbm-schedule",
     "kvbm-queue",
     "kvbm-events",
+    "kvbm-router",
     "kvbm-sim",
 ];
 

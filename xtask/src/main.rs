@@ -299,6 +299,7 @@ const FUZZED_CRATES: &[&str] = &[
     "kvbm-schedule",
     "kvbm-queue",
     "kvbm-events",
+    "kvbm-router",
     "kvbm-sim",
 ];
 

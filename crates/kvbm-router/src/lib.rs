@@ -1,0 +1,84 @@
+//! A KV-aware request router, as NVIDIA Dynamo's kv-router and llm-d's
+//! kv-cache-manager are: engines publish what their prefix caches store and
+//! evict (vLLM's KV events, [`kvbm_events`]), the [`Router`] folds every
+//! engine's events into one [`PrefixIndex`], and for each request a
+//! [`Policy`] weighs each worker's cached prefix of it against its load.
+//!
+//! - [`PrefixIndex`]: block key → the workers holding it, a `dashmap` for
+//!   concurrent updates and lookups; a request's overlap with every worker
+//!   costs one lookup per block of its longest cached prefix.
+//! - [`Policy`]: [`Random`], [`RoundRobin`], [`LeastLoaded`], and
+//!   [`KvAware`] (Dynamo's cost: overlap weight × prefill blocks + decode
+//!   blocks, with an optional softmax temperature). Implement the trait to
+//!   add your own.
+//! - Resync: after lost events or an engine restart, `AllBlocksCleared` (or
+//!   [`Router::clear_worker`]) forgets a worker's blocks; workers come and
+//!   go at run time ([`Router::add_worker`], [`Router::remove_worker`]).
+//!
+//! Blocks are keyed by the hash the engine sends ([`block_key`]): the index
+//! needs no tokens, and a request is keyed by hashing its prompt the way the
+//! engines do (for kvbm engines, `kvbm_sequence::BlockSequence`).
+//!
+//! ```
+//! use kvbm_events::{BlockHash, BlockStored, KvEvent};
+//! use kvbm_router::{KvAware, RouteRequest, Router, WorkerLoad};
+//!
+//! let router = Router::new();
+//! router.add_worker(1)?;
+//! router.add_worker(2)?;
+//! // Worker 2 caches the first two blocks of a prompt (hashes 10, 11).
+//! let stored = BlockStored {
+//!     block_hashes: vec![BlockHash::Int(10), BlockHash::Int(11)],
+//!     parent_block_hash: None,
+//!     token_ids: (0..32).collect(),
+//!     block_size: 16,
+//!     lora_id: None,
+//!     medium: Some("GPU".to_owned()),
+//!     lora_name: None,
+//! };
+//! router.apply(2, &KvEvent::BlockStored(stored))?;
+//! router.set_load(1, WorkerLoad::default())?;
+//!
+//! // A request whose three blocks start with those two goes to worker 2.
+//! let request = RouteRequest { keys: &[10, 11, 12], prompt_tokens: 48, block_size: 16 };
+//! let decision = router.route(&request, &mut KvAware::new(0)).unwrap();
+//! assert_eq!((decision.worker, decision.overlap_blocks), (2, 2));
+//! # Ok::<(), kvbm_router::RouterError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+mod error;
+mod index;
+mod policy;
+mod router;
+
+use kvbm_events::BlockHash;
+
+pub use error::RouterError;
+pub use index::PrefixIndex;
+pub use policy::{Candidate, KvAware, LeastLoaded, Policy, Random, RoundRobin, RouteRequest};
+pub use router::{Decision, Router, WorkerId, WorkerLoad, WorkerStats};
+
+/// The index key of a block hash as engines send it: an integer hash as is,
+/// a byte-string hash by its first 16 bytes, big-endian (all of a kvbm
+/// hash; 128 bits of a vLLM SHA-256 digest).
+///
+/// ```
+/// use kvbm_events::{BlockHash, HashForm};
+/// let value = 0x0123_4567_89ab_cdef_0011_2233_4455_6677_u128;
+/// assert_eq!(kvbm_router::block_key(&BlockHash::from_value(value, HashForm::Bytes)), value);
+/// assert_eq!(kvbm_router::block_key(&BlockHash::Int(7)), 7);
+/// ```
+pub fn block_key(hash: &BlockHash) -> u128 {
+    match hash {
+        BlockHash::Int(value) => u128::from(*value),
+        BlockHash::Bytes(bytes) => {
+            let mut key = [0u8; 16];
+            let n = bytes.len().min(16);
+            key[..n].copy_from_slice(&bytes[..n]);
+            u128::from_be_bytes(key)
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! [`Policy`]: how a worker is chosen among the candidates, and the four
+//! this crate ships: random, round-robin, least-loaded and KV-aware.
+
+use crate::{WorkerId, WorkerLoad};
+
+/// One request, as a policy sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    /// Its blocks' keys, prefix first (see [`block_key`](crate::block_key)).
+    pub keys: &'a [u128],
+    /// Its prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Tokens per block (the engines').
+    pub block_size: usize,
+}
+
+impl RouteRequest<'_> {
+    /// Blocks the prompt fills (the last one possibly partial).
+    pub fn prompt_blocks(&self) -> usize {
+        self.prompt_tokens.div_ceil(self.block_size.max(1))
+    }
+}
+
+/// One worker the request could go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Who.
+    pub worker: WorkerId,
+    /// Leading blocks of the request it holds (from its KV events).
+    pub overlap_blocks: usize,
+    /// Its last reported load.
+    pub load: WorkerLoad,
+}
+
+/// Chooses a worker for a request. Implement it to route your own way; the
+/// router hands over every live worker, in worker order.
+pub trait Policy {
+    /// A short name for reports (`"kv-aware"`).
+    fn name(&self) -> &str;
+
+    /// The index in `candidates` of the chosen worker (`None` only when
+    /// there are none).
+    fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize>;
+}
+
+/// A small seeded generator (SplitMix64): policies must be reproducible
+/// from a seed, and need a few draws per request, not a crypto RNG.
+#[derive(Clone, Debug)]
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Any worker, uniformly (seeded).
+#[derive(Clone, Debug)]
+pub struct Random(Draws);
+
+impl Random {
+    /// Draws from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(Draws(seed))
+    }
+}
+
+impl Policy for Random {
+    fn name(&self) -> &str {
+        "random"
+    }
+
+    fn choose(&mut self, _: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {
+        (!candidates.is_empty()).then(|| self.0.below(candidates.len()))
+    }
+}
+
+/// Each worker in turn.
+#[derive(Clone, Debug, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl RoundRobin {
+    /// Starting with the first worker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Policy for RoundRobin {
+    fn name(&self) -> &str {
+        "round-robin"
+    }
+
+    fn choose(&mut self, _: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {
+        if candidates.is_empty() {
+            return None;
+        }
+        let chosen = self.next % candidates.len();
+        self.next = self.next.wrapping_add(1);
+        Some(chosen)
+    }
+}
+
+/// The worker with the least work: fewest queued prefill tokens plus
+/// active blocks' tokens, then fewest running requests, then the first.
+#[derive(Clone, Debug, Default)]
+pub struct LeastLoaded;
+
+impl Policy for LeastLoaded {
+    fn name(&self) -> &str {
+        "least-loaded"
+    }
+
+    fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {
+        let block_size = request.block_size.max(1) as u64;
+        (candidates.iter().enumerate())
+            .min_by_key(|(_, c)| {
+                let work = (c.load.queued_prefill_tokens)
+                    .saturating_add(c.load.active_blocks.saturating_mul(block_size));
+                (work, c.load.running_requests)
+            })
+            .map(|(i, _)| i)
+    }
+}
+
+/// NVIDIA Dynamo's KV router cost: for each worker,
+///
+/// ```text
+/// logit = overlap_weight × prefill_blocks + decode_blocks
+/// prefill_blocks = (queued prefill tokens + prompt tokens not cached there) / block size
+/// decode_blocks  = active blocks + the request's blocks
+/// ```
+///
+/// and the lowest logit wins (ties drawn at random). With a temperature
+/// above zero the choice is a softmax draw over the logits normalized to
+/// `0..=1`, `p ∝ exp(-logit / temperature)`, which spreads load when
+/// several workers are nearly as good.
+#[derive(Clone, Debug)]
+pub struct KvAware {
+    overlap_weight: f64,
+    temperature: f64,
+    draws: Draws,
+    logits: Vec<f64>,
+}
+
+impl KvAware {
+    /// Dynamo's defaults: overlap weight 1, temperature 0; draws from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            overlap_weight: 1.0,
+            temperature: 0.0,
+            draws: Draws(seed),
+            logits: Vec::new(),
+        }
+    }
+
+    /// How much a cached block is worth against an active one (Dynamo's
+    /// `--kv-overlap-score-weight`); negative or non-finite means 0.
+    pub fn with_overlap_weight(mut self, weight: f64) -> Self {
+        self.overlap_weight = if weight.is_finite() {
+            weight.max(0.0)
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// Softmax temperature (Dynamo's `--router-temperature`); negative or
+    /// non-finite means 0 (always the best).
+    pub fn with_temperature(mut self, temperature: f64) -> Self {
+        self.temperature = if temperature.is_finite() {
+            temperature.max(0.0)
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// The logit of one candidate.
+    pub fn logit(&self, request: &RouteRequest<'_>, candidate: &Candidate) -> f64 {
+        let block_size = request.block_size.max(1) as f64;
+        let cached_tokens = (candidate.overlap_blocks.saturating_mul(request.block_size))
+            .min(request.prompt_tokens);
+        let new_tokens = (request.prompt_tokens - cached_tokens) as f64;
+        let prefill_blocks =
+            (candidate.load.queued_prefill_tokens as f64 + new_tokens) / block_size;
+        let decode_blocks = candidate.load.active_blocks as f64 + request.prompt_blocks() as f64;
+        self.overlap_weight * prefill_blocks + decode_blocks
+    }
+}
+
+impl Policy for KvAware {
+    fn name(&self) -> &str {
+        "kv-aware"
+    }
+
+    fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {
+        if candidates.is_empty() {
+            return None;
+        }
+        let mut logits = std::mem::take(&mut self.logits);
+        logits.clear();
+        logits.extend(candidates.iter().map(|c| self.logit(request, c)));
+        let min = logits.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let chosen = if self.temperature == 0.0 || max == min {
+            // Ties at the minimum drawn uniformly.
+            let ties = logits.iter().filter(|&&l| l == min).count();
+            let pick = self.draws.below(ties);
+            (logits.iter().enumerate())
+                .filter(|(_, l)| **l == min)
+                .nth(pick)
+                .map(|(i, _)| i)
+        } else {
+            let weights = logits
+                .iter()
+                .map(|l| (-((l - min) / (max - min)) / self.temperature).exp());
+            let total: f64 = weights.clone().sum();
+            let mut target = self.draws.unit() * total;
+            let mut chosen = candidates.len() - 1;
+            for (i, weight) in weights.enumerate() {
+                if target < weight {
+                    chosen = i;
+                    break;
+                }
+                target -= weight;
+            }
+            Some(chosen)
+        };
+        self.logits = logits;
+        chosen
+    }
+}

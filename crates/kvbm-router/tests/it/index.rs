@@ -1,0 +1,175 @@
+//! The prefix index against a plain model, and under threads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use kvbm_router::{PrefixIndex, Router, WorkerId};
+use proptest::prelude::*;
+
+use crate::{removed, stored};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Store(WorkerId, Vec<u64>),
+    Remove(WorkerId, Vec<u64>),
+    Clear(WorkerId),
+    Leave(WorkerId),
+    Query(Vec<u64>),
+}
+
+fn keys() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(0..12u64, 0..6)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let worker = 0..4u64;
+    prop_oneof![
+        4 => (worker.clone(), keys()).prop_map(|(w, k)| Op::Store(w, k)),
+        2 => (worker.clone(), keys()).prop_map(|(w, k)| Op::Remove(w, k)),
+        1 => worker.clone().prop_map(Op::Clear),
+        1 => worker.prop_map(Op::Leave),
+        3 => keys().prop_map(Op::Query),
+    ]
+}
+
+/// What each worker holds, naively.
+fn model_overlaps(
+    model: &BTreeMap<WorkerId, BTreeSet<u64>>,
+    keys: &[u64],
+) -> Vec<(WorkerId, usize)> {
+    model
+        .iter()
+        .map(|(&w, held)| (w, keys.iter().take_while(|k| held.contains(k)).count()))
+        .filter(|&(_, depth)| depth > 0)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::cases()))]
+
+    /// Any sequence of events, clears, departures (and rejoins) leaves the
+    /// router answering overlaps exactly as a per-worker set model does.
+    #[test]
+    fn fuzz_the_router_matches_a_model(ops in prop::collection::vec(op(), 1..80)) {
+        let router = Router::new();
+        let mut model: BTreeMap<WorkerId, BTreeSet<u64>> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Store(w, keys) | Op::Remove(w, keys) if !model.contains_key(&w) => {
+                    // Unknown workers are refused, and nothing changes; then join.
+                    prop_assert!(router.apply(w, &stored(&keys)).is_err());
+                    router.add_worker(w).unwrap();
+                    model.insert(w, BTreeSet::new());
+                }
+                Op::Store(w, keys) => {
+                    router.apply(w, &stored(&keys)).unwrap();
+                    model.get_mut(&w).unwrap().extend(keys);
+                }
+                Op::Remove(w, keys) => {
+                    router.apply(w, &removed(&keys)).unwrap();
+                    let held = model.get_mut(&w).unwrap();
+                    keys.iter().for_each(|k| { held.remove(k); });
+                }
+                Op::Clear(w) => match model.get_mut(&w) {
+                    Some(held) => { router.clear_worker(w).unwrap(); held.clear(); }
+                    None => prop_assert!(router.clear_worker(w).is_err()),
+                },
+                Op::Leave(w) => match model.remove(&w) {
+                    Some(_) => router.remove_worker(w).unwrap(),
+                    None => prop_assert!(router.remove_worker(w).is_err()),
+                },
+                Op::Query(keys) => {
+                    let keys128: Vec<u128> = keys.iter().map(|&k| u128::from(k)).collect();
+                    prop_assert_eq!(router.index().overlaps(&keys128), model_overlaps(&model, &keys));
+                }
+            }
+            let distinct: BTreeSet<u64> = model.values().flatten().copied().collect();
+            prop_assert_eq!(router.index().len(), distinct.len());
+            prop_assert_eq!(router.workers(), model.keys().copied().collect::<Vec<_>>());
+            for (&w, held) in &model {
+                prop_assert_eq!(router.stats(w).unwrap().held_blocks, held.len());
+            }
+        }
+    }
+}
+
+#[test]
+fn overlap_stops_at_each_workers_first_missing_block() {
+    let index = PrefixIndex::new();
+    for key in [1, 2, 3] {
+        index.insert(key, 7);
+    }
+    index.insert(1, 9);
+    index.insert(3, 9); // a later block without the one before it does not count
+    assert_eq!(index.overlaps(&[1, 2, 3, 4]), [(7, 3), (9, 1)]);
+    assert_eq!(index.overlaps(&[2, 3]), [(7, 2)]);
+    assert!(index.overlaps(&[5, 1]).is_empty());
+    assert!(index.overlaps(&[]).is_empty());
+    assert!(index.remove(3, 9));
+    assert!(!index.remove(3, 9), "already gone");
+    assert_eq!(index.holders(3), [7]);
+}
+
+/// Many threads, one per worker, store and remove chains while others
+/// query; afterwards the index holds exactly what each worker's own log
+/// says it holds, and nothing was lost or duplicated.
+#[test]
+fn concurrent_workers_and_queries_lose_nothing() {
+    const WORKERS: u64 = 8;
+    const ROUNDS: u64 = 2_000;
+    let router = Arc::new(Router::new());
+    for w in 0..WORKERS {
+        router.add_worker(w).unwrap();
+    }
+    let writers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let router = Arc::clone(&router);
+            std::thread::spawn(move || {
+                let mut held = BTreeSet::new();
+                for round in 0..ROUNDS {
+                    // Shared keys (0..64) and keys of this worker's own.
+                    let key = (round * 7 + w * 13) % 64 + (round % 3) * (1000 + w * 100);
+                    if round % 5 == 4 {
+                        router.apply(w, &removed(&[key])).unwrap();
+                        held.remove(&key);
+                    } else {
+                        router.apply(w, &stored(&[key])).unwrap();
+                        held.insert(key);
+                    }
+                }
+                (w, held)
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let router = Arc::clone(&router);
+            std::thread::spawn(move || {
+                let keys: Vec<u128> = (0..64).collect();
+                for _ in 0..ROUNDS {
+                    for (_, depth) in router.index().overlaps(&keys) {
+                        assert!(depth <= 64);
+                    }
+                }
+            })
+        })
+        .collect();
+    readers.into_iter().for_each(|r| r.join().unwrap());
+    let mut expected: BTreeMap<u64, BTreeSet<WorkerId>> = BTreeMap::new();
+    for writer in writers {
+        let (w, held) = writer.join().unwrap();
+        assert_eq!(router.stats(w).unwrap().held_blocks, held.len());
+        for key in held {
+            expected.entry(key).or_default().insert(w);
+        }
+    }
+    assert_eq!(router.index().len(), expected.len());
+    for (key, workers) in expected {
+        let holders: BTreeSet<WorkerId> = router
+            .index()
+            .holders(u128::from(key))
+            .into_iter()
+            .collect();
+        assert_eq!(holders, workers, "key {key}");
+    }
+}

@@ -1,0 +1,37 @@
+//! kvbm-router through its public API.
+
+mod index;
+mod policies;
+mod router;
+
+use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
+
+/// A stored event for integer-hashed blocks `keys` (tokens are not read).
+pub(crate) fn stored(keys: &[u64]) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
+        parent_block_hash: None,
+        token_ids: Vec::new(),
+        block_size: 16,
+        lora_id: None,
+        medium: None,
+        lora_name: None,
+    })
+}
+
+/// A removed event for integer-hashed blocks `keys`.
+pub(crate) fn removed(keys: &[u64]) -> KvEvent {
+    KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
+        medium: None,
+    })
+}
+
+/// Cases per fuzz test: `KVBM_FUZZ_CASES` (`cargo xtask fuzz --cases N`),
+/// else 256.
+pub(crate) fn cases() -> u32 {
+    std::env::var("KVBM_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
