@@ -152,6 +152,30 @@ pub enum SimError {
         /// Requests running.
         running: u64,
     },
+    /// A routing policy name that is not one of cluster mode's.
+    #[error(
+        "unknown routing policy `{name}` (expected random, round-robin, least-loaded or kv-aware)"
+    )]
+    UnknownPolicy {
+        /// The name given.
+        name: String,
+    },
+    /// After a cluster replay, the router's view of an engine's cache
+    /// differs from the engine's pool: an event was lost or misapplied.
+    #[error(
+        "the router holds {router_blocks} blocks of engine {engine}, whose pool registers {pool_blocks}"
+    )]
+    RouterOutOfSync {
+        /// The engine.
+        engine: usize,
+        /// Blocks the router's index holds for it.
+        router_blocks: usize,
+        /// Blocks its pool's registry holds.
+        pool_blocks: usize,
+    },
+    /// A cluster of no engines.
+    #[error("a cluster needs at least one engine")]
+    ZeroEngines,
     /// The replay's event sink failed (the `--kv-events` socket).
     #[error("publishing KV events: {reason}")]
     Events {

@@ -139,6 +139,7 @@ pub use error::SimError;
 pub use events::{EventSink, KvEventCounts};
 pub use eviction::Eviction;
 pub use mode::cache::{CacheConfig, CacheOccupancy, CacheReport, CacheSim, RequestOutcome};
+pub use mode::cluster::{ClusterConfig, ClusterReport, ClusterRun, PolicyKind};
 pub use mode::serve::{
     AdmissionStats, Latency, PriorityMix, RequestTimeline, ServeConfig, ServeOutcome, ServeReport,
     StepTime, priority_from_vllm, prompt_tokens, trace_token,

@@ -11,6 +11,9 @@
 //!          [--watermark-blocks N] [--reserve N|full] [--step-ms F]
 //!          [--prefill-token-ms F] [--decode-request-ms F] [--limit N]
 //!          [--audit-every N] [--json]
+//! kvbm-sim cluster --trace FILE --engines 16
+//!          --policies random,round-robin,least-loaded,kv-aware [engine flags as serve]
+//!          [--json] [--out DIR]
 //! ```
 //!
 //! Reports go to stdout (that is this program's job; it writes through a
@@ -18,311 +21,23 @@
 //! instead of panicking). Progress bars and errors go to stderr.
 #![forbid(unsafe_code)]
 
+mod bar;
+mod cli;
 mod exporter;
 
 use std::io::{self, Write};
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::builder::{PossibleValuesParser, TypedValueParser};
-use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvbm_queue::{Aging, GenerationReserve, Preemption, SchedulerConfig};
-use kvbm_sim::{
-    CacheConfig, Capacity, Eviction, PriorityMix, Progress, ServeConfig, SimError, StepTime,
-    SweepConfig, Trace, Workload,
+use clap::Parser;
+use kvbm_sim::{CacheConfig, Capacity, Eviction, SimError, SweepConfig, Trace, Workload};
+
+use crate::bar::Bar;
+use crate::cli::{
+    CacheArgs, CapacityArgs, Cli, ClusterArgs, Command, MetricsArgs, ServeArgs, SweepArgs,
+    TraceArgs,
 };
-
-/// Replays Mooncake-format request traces through kvbm's block manager.
-///
-/// With no command, replays the embedded excerpt of the Mooncake FAST'25
-/// conversation trace (500 requests) through an unbounded prefix cache and
-/// prints a summary.
-#[derive(Debug, Parser)]
-#[command(name = "kvbm-sim", version)]
-struct Cli {
-    /// Never draw progress bars (they are also hidden when stderr is not a terminal).
-    #[arg(long, short, global = true)]
-    quiet: bool,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Replay requests one after another through a prefix cache and report hits.
-    Cache(CacheArgs),
-    /// Run cache mode over capacities and policies; write a table and an SVG plot.
-    Sweep(SweepArgs),
-    /// Replay arrivals through the continuous-batching scheduler in simulated
-    /// time; report latencies, throughput, preemptions and hits.
-    Serve(Box<ServeArgs>),
-}
-
-#[derive(Debug, Args)]
-struct TraceArgs {
-    /// Mooncake-format JSONL trace [default: the embedded conversation excerpt].
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Tokens per simulated block; must divide the trace's 512.
-    #[arg(long, value_name = "N", default_value_t = 512)]
-    block_size: usize,
-}
-
-#[derive(Debug, Args)]
-#[group(multiple = false)]
-struct CapacityArgs {
-    /// Cache size in blocks (6000, 6k, 1.5M).
-    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
-    capacity_blocks: Option<u64>,
-    /// Cache size in tokens, rounded down to whole blocks (3M).
-    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
-    capacity_tokens: Option<u64>,
-    /// Room for every distinct block: nothing is evicted [default].
-    #[arg(long)]
-    unbounded: bool,
-}
-
-impl CapacityArgs {
-    fn capacity(&self) -> Capacity {
-        match (self.capacity_blocks, self.capacity_tokens) {
-            (Some(blocks), _) => Capacity::Blocks(blocks),
-            (None, Some(tokens)) => Capacity::Tokens(tokens),
-            (None, None) => Capacity::Unbounded,
-        }
-    }
-}
-
-#[derive(Debug, Args)]
-struct CacheArgs {
-    #[command(flatten)]
-    trace: TraceArgs,
-    #[command(flatten)]
-    capacity: CapacityArgs,
-    /// Which cached block to evict first.
-    #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
-    eviction: Eviction,
-    /// Print one JSON object instead of the summary.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Args)]
-struct SweepArgs {
-    #[command(flatten)]
-    trace: TraceArgs,
-    /// Cache sizes in blocks, comma-separated (k and M suffixes allowed).
-    #[arg(
-        long,
-        value_name = "N,...",
-        value_delimiter = ',',
-        value_parser = Capacity::parse_count,
-        default_value = "1k,2k,4k,6k,10k,20k,50k"
-    )]
-    capacities: Vec<u64>,
-    /// Eviction policies, comma-separated.
-    #[arg(
-        long,
-        value_name = "POLICY,...",
-        value_delimiter = ',',
-        value_parser = eviction_parser(),
-        default_value = "lru,multi-level,lineage"
-    )]
-    evictions: Vec<Eviction>,
-    /// Directory for sweep.csv, sweep.md and sweep.svg (created if missing).
-    #[arg(long, value_name = "DIR")]
-    out: PathBuf,
-    /// Print the results as one JSON object instead of the table.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Args)]
-#[group(multiple = false)]
-struct ServeCapacityArgs {
-    /// KV pool size in blocks (6000, 6k, 1.5M).
-    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
-    capacity_blocks: Option<u64>,
-    /// KV pool size in tokens, rounded down to whole blocks [default: 3M].
-    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
-    capacity_tokens: Option<u64>,
-}
-
-#[derive(Debug, Args)]
-struct ServeArgs {
-    /// Mooncake-format JSONL trace [default: the embedded conversation excerpt].
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Replay only the first N requests of the trace (in file order).
-    #[arg(long, value_name = "N")]
-    limit: Option<NonZeroUsize>,
-    /// Tokens per KV block; must divide the trace's 512.
-    #[arg(long, value_name = "N", default_value_t = ServeConfig::default().block_size)]
-    block_size: usize,
-    #[command(flatten)]
-    capacity: ServeCapacityArgs,
-    /// Which cached block to evict first.
-    #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
-    eviction: Eviction,
-    /// Most requests running at once.
-    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().max_running)]
-    max_running: usize,
-    /// Most tokens one step computes (prefill chunks plus one per decode).
-    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().token_budget)]
-    token_budget: usize,
-    /// Most prompt tokens one request prefills per step.
-    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().chunk_size)]
-    chunk_size: usize,
-    /// Blocks admission keeps free for running requests to grow into [default: 1% of the pool].
-    #[arg(long, value_name = "N")]
-    watermark_blocks: Option<usize>,
-    /// Generated tokens admission reserves per request: a cap, or `full`.
-    #[arg(long, value_name = "N|full", default_value = "256", value_parser = parse_reserve)]
-    reserve: GenerationReserve,
-    /// Charge admission for a request's whole prompt, without credit for
-    /// the prefix it finds cached.
-    #[arg(long)]
-    no_prefix_credit: bool,
-    /// Draft tokens each decode verifies (speculative decoding; 0: off).
-    #[arg(long, value_name = "K", default_value_t = 0)]
-    spec_tokens: usize,
-    /// Probability the engine accepts each draft token (until the first
-    /// rejection).
-    #[arg(long, value_name = "P", default_value_t = ServeConfig::default().spec_accept)]
-    spec_accept: f64,
-    /// Seed of the random draws (priorities, draft acceptance).
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    seed: u64,
-    /// Priorities of requests whose trace line has none, as vLLM priority
-    /// values (lower is more urgent) and their shares, e.g. `0:0.1,1:0.9`
-    /// [default: all normal].
-    #[arg(long, value_name = "P:SHARE,...")]
-    priorities: Option<String>,
-    /// Let a waiting request preempt running requests less urgent than it.
-    #[arg(long)]
-    priority_preemption: bool,
-    /// Priority steps a request's urgency rises per second of waiting
-    /// (0: strict priority).
-    #[arg(long, value_name = "F", default_value_t = 0.0)]
-    aging_per_s: f64,
-    /// Priority steps a request's urgency rises each time it is preempted
-    /// (at most 3 in all).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    preemption_boost: u32,
-    /// Simulated fixed cost of a step, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5.0)]
-    step_ms: f64,
-    /// Simulated cost per prefilled token, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 0.05)]
-    prefill_token_ms: f64,
-    /// Simulated cost per decoding request in a step, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 0.1)]
-    decode_request_ms: f64,
-    /// Check the scheduler's conservation laws every N steps (0: only at the end).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    audit_every: u64,
-    /// Serve the metrics in Prometheus text format at http://ADDR/metrics
-    /// while replaying (e.g. 127.0.0.1:9090).
-    #[arg(long, value_name = "ADDR")]
-    prometheus: Option<std::net::SocketAddr>,
-    /// With --prometheus, keep serving this many seconds after the replay.
-    #[arg(long, value_name = "S", default_value_t = 0, requires = "prometheus")]
-    prometheus_hold_s: u64,
-    /// Write the final Prometheus exposition to FILE.
-    #[arg(long, value_name = "FILE")]
-    metrics_out: Option<PathBuf>,
-    /// Publish the engine's KV events on vLLM's ZeroMQ wire (msgpack
-    /// KVEventBatch, hashes as 64-bit ints) at ENDPOINT. As in vLLM, an
-    /// endpoint with `*` is bound (tcp://*:5557, for routers to connect),
-    /// any other is connected to.
-    #[arg(long, value_name = "ENDPOINT")]
-    kv_events: Option<String>,
-    /// With --kv-events, also answer replay requests at ENDPOINT (a ROUTER
-    /// socket keeping the last 10,000 batches).
-    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
-    kv_events_replay: Option<String>,
-    /// With --kv-events, the topic frame of every message.
-    #[arg(long, value_name = "T", default_value = "", requires = "kv_events")]
-    kv_events_topic: String,
-    /// With --kv-events, wait up to MS for a first subscriber before
-    /// replaying.
-    #[arg(long, value_name = "MS", default_value_t = 0, requires = "kv_events")]
-    kv_events_wait_ms: u64,
-    /// Print one JSON object instead of the summary.
-    #[arg(long)]
-    json: bool,
-}
-
-impl ServeArgs {
-    fn config(&self) -> Result<ServeConfig, SimError> {
-        let capacity = match (self.capacity.capacity_blocks, self.capacity.capacity_tokens) {
-            (Some(blocks), _) => Capacity::Blocks(blocks),
-            (None, Some(tokens)) => Capacity::Tokens(tokens),
-            (None, None) => ServeConfig::default().capacity,
-        };
-        let mut scheduler = SchedulerConfig::default()
-            .with_max_running(self.max_running)
-            .with_token_budget(self.token_budget)
-            .with_chunk_size(self.chunk_size)
-            .with_reserve(self.reserve)
-            .with_prefix_credit(!self.no_prefix_credit)
-            .with_speculative_tokens(self.spec_tokens)
-            .with_aging(aging(self.aging_per_s)?)
-            .with_preemption_boost(self.preemption_boost);
-        if self.priority_preemption {
-            scheduler = scheduler.with_preemption(Preemption::ByPriority);
-        }
-        if let Some(blocks) = self.watermark_blocks {
-            scheduler = scheduler.with_watermark_blocks(blocks);
-        }
-        let step_time =
-            StepTime::from_millis(self.step_ms, self.prefill_token_ms, self.decode_request_ms)?;
-        let config = ServeConfig::new(self.block_size, capacity)
-            .with_eviction(self.eviction)
-            .with_scheduler(scheduler)
-            .with_step_time(step_time)
-            .with_audit_every(self.audit_every)
-            .with_spec_accept(self.spec_accept)
-            .with_seed(self.seed);
-        match &self.priorities {
-            Some(mix) => Ok(config.with_priorities(PriorityMix::parse(mix)?)),
-            None => Ok(config),
-        }
-    }
-}
-
-/// Time-based aging at `per_second` priority steps per second of waiting;
-/// strict priority at 0.
-fn aging(per_second: f64) -> Result<Aging, SimError> {
-    if !per_second.is_finite() || per_second < 0.0 {
-        return Err(SimError::InvalidAgingRate { value: per_second });
-    }
-    if per_second == 0.0 {
-        return Ok(Aging::Strict);
-    }
-    // Rates too small for a step to fit a `Duration` age nothing.
-    let step = Duration::try_from_secs_f64(1.0 / per_second).unwrap_or(Duration::MAX);
-    Ok(Aging::Timed { step })
-}
-
-/// `full`, or a cap in tokens.
-fn parse_reserve(text: &str) -> Result<GenerationReserve, String> {
-    if text.trim().eq_ignore_ascii_case("full") {
-        return Ok(GenerationReserve::Full);
-    }
-    text.trim()
-        .parse::<u32>()
-        .map(GenerationReserve::Capped)
-        .map_err(|_| format!("`{text}` is neither `full` nor a token count"))
-}
-
-/// Lists the policy names in `--help` and parses them with the library.
-fn eviction_parser() -> impl TypedValueParser<Value = Eviction> {
-    PossibleValuesParser::new(Eviction::ALL.map(Eviction::name))
-        .try_map(|name| name.parse::<Eviction>())
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -333,6 +48,7 @@ fn main() -> ExitCode {
         Some(Command::Cache(args)) => run_cache(&args, &mut out, &mut progress),
         Some(Command::Sweep(args)) => run_sweep(&args, &mut out, &mut progress),
         Some(Command::Serve(args)) => run_serve(&args, &mut out, &mut progress),
+        Some(Command::Cluster(args)) => run_cluster(&args, &mut out, &mut progress),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -484,15 +200,9 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
 }
 
 fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
-    let config = args.config()?;
-    let exporter = match (args.prometheus, &args.metrics_out) {
-        (None, None) => None,
-        (listen, _) => Some(exporter::Exporter::install(listen)?),
-    };
-    let mut loaded = load_path(args.trace.as_ref(), progress)?;
-    if let Some(limit) = args.limit {
-        loaded.trace.truncate(limit);
-    }
+    let config = args.engine.config()?;
+    let exporter = install_exporter(&args.metrics)?;
+    let loaded = load_replay(&args.trace, progress)?;
     let mut sink = event_sink(args, config.block_size)?;
     let events = sink
         .as_mut()
@@ -502,23 +212,76 @@ fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     if let Some(sink) = sink {
         close_sink(sink);
     }
+    finish_exporter(exporter, &args.metrics)?;
+    if args.json {
+        writeln!(out, "{}", with_source(report.to_json(), &loaded))?;
+        return Ok(());
+    }
+    write_trace_summary(out, &loaded, None)?;
+    write!(out, "{report}")?;
+    Ok(())
+}
+
+fn run_cluster(
+    args: &ClusterArgs,
+    out: &mut impl Write,
+    progress: &mut Bar,
+) -> Result<(), Failure> {
+    let config = args.config()?;
+    let exporter = install_exporter(&args.metrics)?;
+    let loaded = load_replay(&args.trace, progress)?;
+    let report = kvbm_sim::mode::cluster::replay(&loaded.trace, &config)?;
+    finish_exporter(exporter, &args.metrics)?;
+    if let Some(dir) = &args.out {
+        report.write_to(dir)?;
+    }
+    if args.json {
+        writeln!(out, "{}", with_source(report.to_json(), &loaded))?;
+        return Ok(());
+    }
+    write_trace_summary(out, &loaded, None)?;
+    write!(out, "{report}")?;
+    Ok(())
+}
+
+/// The trace of a serve or cluster replay, cut to `--limit`.
+fn load_replay(args: &cli::ReplayTraceArgs, progress: &mut Bar) -> Result<Loaded, SimError> {
+    let mut loaded = load_path(args.trace.as_ref(), progress)?;
+    if let Some(limit) = args.limit {
+        loaded.trace.truncate(limit);
+    }
+    Ok(loaded)
+}
+
+/// A report's JSON with where its trace came from and how long loading took.
+fn with_source(mut json: serde_json::Value, loaded: &Loaded) -> serde_json::Value {
+    if let Some(object) = json.as_object_mut() {
+        object.insert("trace".to_owned(), loaded.source.clone().into());
+        object.insert("load_ms".to_owned(), millis(loaded.load_time).into());
+    }
+    json
+}
+
+/// The Prometheus recorder, when `--prometheus` or `--metrics-out` asks
+/// for one (installed before the replay, so it sees every update).
+fn install_exporter(args: &MetricsArgs) -> Result<Option<exporter::Exporter>, Failure> {
+    match (args.prometheus, &args.metrics_out) {
+        (None, None) => Ok(None),
+        (listen, _) => Ok(Some(exporter::Exporter::install(listen)?)),
+    }
+}
+
+/// Writes `--metrics-out` and holds the endpoint open for `--prometheus-hold-s`.
+fn finish_exporter(
+    exporter: Option<exporter::Exporter>,
+    args: &MetricsArgs,
+) -> Result<(), Failure> {
     if let Some(exporter) = &exporter {
         if let Some(path) = &args.metrics_out {
             exporter.write(path)?;
         }
         exporter.hold(Duration::from_secs(args.prometheus_hold_s));
     }
-    if args.json {
-        let mut json = report.to_json();
-        if let Some(object) = json.as_object_mut() {
-            object.insert("trace".to_owned(), loaded.source.into());
-            object.insert("load_ms".to_owned(), millis(loaded.load_time).into());
-        }
-        writeln!(out, "{json}")?;
-        return Ok(());
-    }
-    write_trace_summary(out, &loaded, None)?;
-    write!(out, "{report}")?;
     Ok(())
 }
 
@@ -604,81 +367,6 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
 
-/// A terminal progress bar that appears only once a phase has run for
-/// [`Bar::DELAY`]: quick replays print nothing, slow ones show how far they are.
-struct Bar {
-    enabled: bool,
-    bar: Option<ProgressBar>,
-    label: String,
-    total: u64,
-    position: u64,
-    started: Instant,
-}
-
-impl Bar {
-    const DELAY: Duration = Duration::from_millis(300);
-
-    fn new(enabled: bool) -> Self {
-        Self {
-            enabled,
-            bar: None,
-            label: String::new(),
-            total: 0,
-            position: 0,
-            started: Instant::now(),
-        }
-    }
-
-    fn show(&self) -> ProgressBar {
-        let style = ProgressStyle::with_template(
-            "{msg:>10} [{bar:40}] {percent:>3}% {elapsed_precise} (eta {eta})",
-        )
-        .map(|style| style.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        // Set up hidden, then shown, so the first frame is already right.
-        let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::hidden())
-            .with_style(style)
-            .with_message(self.label.clone())
-            .with_position(self.position)
-            .with_elapsed(self.started.elapsed());
-        // stderr() hides itself when stderr is not a terminal.
-        bar.set_draw_target(ProgressDrawTarget::stderr());
-        bar
-    }
-}
-
-impl Progress for Bar {
-    fn start(&mut self, label: &str, total: u64) {
-        self.finish();
-        label.clone_into(&mut self.label);
-        self.total = total;
-        self.position = 0;
-        self.started = Instant::now();
-    }
-
-    fn advance(&mut self, amount: u64) {
-        self.position = self.position.saturating_add(amount);
-        if self.bar.is_none() && self.enabled && self.started.elapsed() >= Self::DELAY {
-            self.bar = Some(self.show());
-        }
-        if let Some(bar) = &self.bar {
-            bar.set_position(self.position);
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-impl Drop for Bar {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -689,8 +377,14 @@ mod tests {
         let Some(Command::Serve(args)) = cli.command else {
             panic!("not serve");
         };
-        assert_eq!(args.config().unwrap(), ServeConfig::default());
-        assert_eq!(parse_reserve("FULL"), Ok(GenerationReserve::Full));
-        assert!(parse_reserve("-1").is_err());
+        assert_eq!(
+            args.engine.config().unwrap(),
+            kvbm_sim::ServeConfig::default()
+        );
+        assert_eq!(
+            cli::parse_reserve("FULL"),
+            Ok(kvbm_queue::GenerationReserve::Full)
+        );
+        assert!(cli::parse_reserve("-1").is_err());
     }
 }

@@ -11,6 +11,10 @@
 //! - [`serve`]: requests arriving at their timestamps into the queue and
 //!   running through the scheduler in simulated time, with a step-time model,
 //!   latency percentiles and the hit rate the scheduler saw.
+//!
+//! - [`cluster`]: the same arrivals routed over many serve-mode engines by a
+//!   [`kvbm_router::Router`], one replay per routing policy.
 
 pub mod cache;
+pub mod cluster;
 pub mod serve;

@@ -72,6 +72,7 @@ use tracing::instrument;
 use self::draws::Stream;
 pub use self::draws::{PriorityMix, priority_from_vllm};
 pub use self::latency::Latency;
+pub(crate) use self::report::latencies;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
 pub use self::step_time::StepTime;
 pub use self::tokens::{prompt_tokens, trace_token};
@@ -86,7 +87,7 @@ const NEVER: u64 = u64::MAX;
 
 /// The storage-tier marker of the simulated pool.
 #[derive(Debug)]
-struct Simulated;
+pub(crate) struct Simulated;
 
 /// What to replay in serve mode.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -188,6 +189,25 @@ impl ServeConfig {
         self
     }
 
+    /// Checks what a replay checks before it builds anything.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::InvalidBlockSize`] unless the block size divides 512;
+    /// [`SimError::InvalidAcceptance`] unless `spec_accept` is in `0..=1`.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let block_size = self.block_size;
+        if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
+            return Err(SimError::InvalidBlockSize { block_size });
+        }
+        if !(0.0..=1.0).contains(&self.spec_accept) {
+            return Err(SimError::InvalidAcceptance {
+                value: self.spec_accept,
+            });
+        }
+        Ok(())
+    }
+
     /// Replays `trace` through a fresh scheduler.
     ///
     /// # Errors
@@ -232,15 +252,8 @@ pub fn replay_with_events(
     progress: &mut dyn Progress,
     events: Option<&mut dyn EventSink>,
 ) -> Result<ServeReport, SimError> {
+    config.validate()?;
     let block_size = config.block_size;
-    if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
-        return Err(SimError::InvalidBlockSize { block_size });
-    }
-    if !(0.0..=1.0).contains(&config.spec_accept) {
-        return Err(SimError::InvalidAcceptance {
-            value: config.spec_accept,
-        });
-    }
     let capacity_blocks = config.capacity.resolve_bounded(block_size)?;
     let started = Instant::now();
     let manager = BlockManager::<Simulated>::builder()
@@ -280,8 +293,9 @@ struct Track {
     outcome: ServeOutcome,
 }
 
-/// The replay loop's state.
-struct ServeSim<'a> {
+/// The replay loop's state: one engine (serve mode's whole replay, or one
+/// engine of cluster mode, whose arrivals come from the router).
+pub(crate) struct ServeSim<'a> {
     trace: &'a Trace,
     eviction: Eviction,
     step_time: StepTime,
@@ -327,6 +341,8 @@ struct Counters {
     preemptions: u64,
     first_admissions: u64,
     unreported: u64,
+    /// Prompt tokens of accepted requests without a first token yet.
+    unprefilled_tokens: u64,
 }
 
 impl<'a> ServeSim<'a> {
@@ -377,9 +393,62 @@ impl<'a> ServeSim<'a> {
         }
     }
 
+    /// An engine of a cluster: no arrivals of its own (the router submits),
+    /// its time-to-first-token histogram recorded under `labels`.
+    pub(crate) fn engine(
+        trace: &'a Trace,
+        config: &ServeConfig,
+        scheduler: Scheduler<Simulated>,
+        labels: &[(&'static str, String)],
+    ) -> Self {
+        let mut sim = Self::new(trace, config, scheduler);
+        sim.arrivals.clear();
+        sim.ttft = metrics::histogram!(
+            kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN,
+            labels
+                .iter()
+                .map(|(k, v)| metrics::Label::new(*k, v.clone()))
+                .collect::<Vec<_>>()
+        );
+        sim
+    }
+
+    /// The engine's clock: when its next step starts (nanoseconds).
+    pub(crate) fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Moves an idle engine's clock up to `at` (a busy one is already past
+    /// it or will be).
+    pub(crate) fn wake_at(&mut self, at: u64) {
+        self.now = self.now.max(at);
+    }
+
+    /// When request `index` arrives (nanoseconds).
+    pub(crate) fn arrival_of(&self, index: usize) -> u64 {
+        self.tracks.get(index).map_or(0, |track| track.arrival)
+    }
+
+    /// Whether nothing waits or runs.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.scheduler.is_idle()
+    }
+
+    /// Blocks in use, prompt tokens not yet prefilled, running requests.
+    pub(crate) fn load(&self) -> (u64, u64, u64) {
+        let census = self.scheduler.census();
+        let active = self.scheduler.manager().metrics().in_use_blocks as u64;
+        (active, self.counters.unprefilled_tokens, census.running)
+    }
+
+    /// Hashes in the pool's registry, recounted.
+    pub(crate) fn registered_blocks(&self) -> Result<usize, SimError> {
+        Ok(self.scheduler.manager().audit()?.registered_hashes)
+    }
+
     /// Subscribes to the pool's cache events (before the first step, so the
     /// subscription starts from an empty pool).
-    fn tap_events(&mut self) {
+    pub(crate) fn tap_events(&mut self) {
         let subscription = (self.scheduler.manager()).subscribe_events(SUBSCRIPTION_CAPACITY);
         self.events = Some(EventTap::new(subscription));
     }
@@ -408,30 +477,13 @@ impl<'a> ServeSim<'a> {
                     None => break,
                 }
             }
-            let plan = self.scheduler.step()?;
-            let changed = self.step(&plan)?;
-            if let (Some(tap), Some(sink)) = (&mut self.events, sink.as_deref_mut()) {
-                tap.pump(sink)?;
-            }
+            let changed = self.advance(sink.as_deref_mut())?;
             if !changed {
                 // Nothing ran or moved: only an arrival can change that.
                 match self.next_arrival_time() {
                     Some(time) => self.now = self.now.max(time),
-                    None => {
-                        let census = self.scheduler.census();
-                        return Err(SimError::Stalled {
-                            step: plan.step,
-                            waiting: census.waiting,
-                            running: census.running,
-                        });
-                    }
+                    None => return Err(self.stalled()),
                 }
-            }
-            if self
-                .audit_every
-                .is_some_and(|every| self.counters.scheduler_steps.is_multiple_of(every))
-            {
-                self.scheduler.audit()?;
             }
             if self.counters.unreported >= PROGRESS_EVERY {
                 progress.advance(self.counters.unreported);
@@ -446,48 +498,101 @@ impl<'a> ServeSim<'a> {
         Ok(())
     }
 
+    /// Plans, runs and applies one step, hands its cache events to `sink`
+    /// and audits when due. Returns whether anything ran or changed.
+    pub(crate) fn advance<'s>(
+        &mut self,
+        sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<bool, SimError> {
+        let plan = self.scheduler.step()?;
+        let changed = self.step(&plan)?;
+        if let (Some(tap), Some(sink)) = (&mut self.events, sink) {
+            tap.pump(sink)?;
+        }
+        if self
+            .audit_every
+            .is_some_and(|every| self.counters.scheduler_steps.is_multiple_of(every))
+        {
+            self.scheduler.audit()?;
+        }
+        Ok(changed)
+    }
+
+    /// The error of a scheduler that cannot move and has nothing to wait for.
+    pub(crate) fn stalled(&self) -> SimError {
+        let census = self.scheduler.census();
+        SimError::Stalled {
+            step: self.counters.scheduler_steps,
+            waiting: census.waiting,
+            running: census.running,
+        }
+    }
+
     /// Submits every request that has arrived by now.
     fn submit_arrivals(&mut self) -> Result<(), SimError> {
-        let requests = self.trace.requests();
         while let Some(&index) = self.arrivals.get(self.next_arrival) {
-            let (Some(track), Some(request)) = (self.tracks.get_mut(index), requests.get(index))
-            else {
-                break;
-            };
-            if track.arrival > self.now {
+            if self.tracks.get(index).is_none_or(|t| t.arrival > self.now) {
                 break;
             }
             self.next_arrival += 1;
-            if request.input_length == 0 {
-                track.outcome = ServeOutcome::RejectedEmpty;
+            let prompt = self.prompt(index);
+            self.submit(index, prompt)?;
+        }
+        Ok(())
+    }
+
+    /// Request `index`'s prompt, `None` if it has none (built in a reused
+    /// buffer, then copied once into the shared prompt: cheaper than
+    /// building the `Arc` in place).
+    pub(crate) fn prompt(&mut self, index: usize) -> Option<Arc<[u32]>> {
+        let request = self.trace.requests().get(index)?;
+        if request.input_length == 0 {
+            return None;
+        }
+        let input_length = usize::try_from(request.input_length).unwrap_or(usize::MAX);
+        self.prompt.clear();
+        tokens::fill_prompt(&request.hash_ids, input_length, &mut self.prompt);
+        Some(Arc::from(&self.prompt[..]))
+    }
+
+    /// Submits request `index` with its `prompt` (from
+    /// [`prompt`](Self::prompt)) now.
+    pub(crate) fn submit(
+        &mut self,
+        index: usize,
+        prompt: Option<Arc<[u32]>>,
+    ) -> Result<(), SimError> {
+        let (Some(track), Some(request)) =
+            (self.tracks.get_mut(index), self.trace.requests().get(index))
+        else {
+            return Ok(());
+        };
+        let Some(prompt) = prompt else {
+            track.outcome = ServeOutcome::RejectedEmpty;
+            self.counters.rejected += 1;
+            self.counters.unreported += 1;
+            return Ok(());
+        };
+        let max_new = u32::try_from(request.output_length).unwrap_or(u32::MAX);
+        // Arrival in simulated time, for time-based aging.
+        let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new)
+            .with_priority(track.priority)
+            .with_arrival(Duration::from_nanos(track.arrival));
+        match self.scheduler.submit(inference) {
+            Ok(()) => {
+                self.counters.accepted += 1;
+                self.counters.unprefilled_tokens += request.input_length;
+            }
+            Err(rejected) => {
+                track.outcome = match rejected.error() {
+                    QueueError::TooLarge { .. } => ServeOutcome::RejectedTooLarge,
+                    QueueError::EmptyPrompt => ServeOutcome::RejectedEmpty,
+                    other => {
+                        return Err(SimError::Scheduler(other.clone().into()));
+                    }
+                };
                 self.counters.rejected += 1;
                 self.counters.unreported += 1;
-                continue;
-            }
-            let input_length = usize::try_from(request.input_length).unwrap_or(usize::MAX);
-            // Built in a reused buffer, then copied once into the request's
-            // shared prompt: cheaper than building the `Arc` in place.
-            self.prompt.clear();
-            tokens::fill_prompt(&request.hash_ids, input_length, &mut self.prompt);
-            let prompt: Arc<[u32]> = Arc::from(&self.prompt[..]);
-            let max_new = u32::try_from(request.output_length).unwrap_or(u32::MAX);
-            // Arrival in simulated time, for time-based aging.
-            let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new)
-                .with_priority(track.priority)
-                .with_arrival(Duration::from_nanos(track.arrival));
-            match self.scheduler.submit(inference) {
-                Ok(()) => self.counters.accepted += 1,
-                Err(rejected) => {
-                    track.outcome = match rejected.error() {
-                        QueueError::TooLarge { .. } => ServeOutcome::RejectedTooLarge,
-                        QueueError::EmptyPrompt => ServeOutcome::RejectedEmpty,
-                        other => {
-                            return Err(SimError::Scheduler(other.clone().into()));
-                        }
-                    };
-                    self.counters.rejected += 1;
-                    self.counters.unreported += 1;
-                }
             }
         }
         Ok(())
@@ -600,6 +705,13 @@ impl<'a> ServeSim<'a> {
                 && track.first_token == NEVER
             {
                 track.first_token = end;
+                let prompt = self
+                    .trace
+                    .requests()
+                    .get(id.0 as usize)
+                    .map_or(0, |r| r.input_length);
+                self.counters.unprefilled_tokens =
+                    self.counters.unprefilled_tokens.saturating_sub(prompt);
                 let nanos = end.saturating_sub(track.arrival);
                 self.ttft.record(Duration::from_nanos(nanos).as_secs_f64());
             }
@@ -629,7 +741,7 @@ impl<'a> ServeSim<'a> {
     }
 
     /// The report of a finished replay (replay time left at zero).
-    fn report(&self, capacity_blocks: usize) -> Result<ServeReport, SimError> {
+    pub(crate) fn report(&self, capacity_blocks: usize) -> Result<ServeReport, SimError> {
         let census = self.scheduler.audit()?;
         let block_size = self.scheduler.manager().block_size();
         let requests = self.trace.requests();

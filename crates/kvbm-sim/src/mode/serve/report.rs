@@ -330,7 +330,7 @@ pub(super) fn ttft_by_priority(requests: &[RequestTimeline]) -> Vec<(Priority, L
 }
 
 /// TTFT, TPOT and end-to-end latency over `requests`.
-pub(super) fn latencies(requests: &[RequestTimeline]) -> (Latency, Latency, Latency) {
+pub(crate) fn latencies(requests: &[RequestTimeline]) -> (Latency, Latency, Latency) {
     (
         summarize(requests.iter(), RequestTimeline::ttft),
         summarize(requests.iter(), RequestTimeline::tpot),

@@ -1,0 +1,374 @@
+//! The command line: subcommands and their arguments, parsed by clap into
+//! the library's configurations.
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand};
+use kvbm_queue::{Aging, GenerationReserve, Preemption, SchedulerConfig};
+use kvbm_sim::{
+    Capacity, ClusterConfig, Eviction, PolicyKind, PriorityMix, ServeConfig, SimError, StepTime,
+};
+
+/// Replays Mooncake-format request traces through kvbm's block manager.
+///
+/// With no command, replays the embedded excerpt of the Mooncake FAST'25
+/// conversation trace (500 requests) through an unbounded prefix cache and
+/// prints a summary.
+#[derive(Debug, Parser)]
+#[command(name = "kvbm-sim", version)]
+pub(crate) struct Cli {
+    /// Never draw progress bars (they are also hidden when stderr is not a terminal).
+    #[arg(long, short, global = true)]
+    pub(crate) quiet: bool,
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Replay requests one after another through a prefix cache and report hits.
+    Cache(CacheArgs),
+    /// Run cache mode over capacities and policies; write a table and an SVG plot.
+    Sweep(SweepArgs),
+    /// Replay arrivals through the continuous-batching scheduler in simulated
+    /// time; report latencies, throughput, preemptions and hits.
+    Serve(Box<ServeArgs>),
+    /// Route arrivals over N serve-mode engines, once per routing policy;
+    /// compare latencies, hit rates and load balance.
+    Cluster(Box<ClusterArgs>),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TraceArgs {
+    /// Mooncake-format JSONL trace [default: the embedded conversation excerpt].
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<PathBuf>,
+    /// Tokens per simulated block; must divide the trace's 512.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub(crate) block_size: usize,
+}
+
+#[derive(Debug, Args)]
+#[group(multiple = false)]
+pub(crate) struct CapacityArgs {
+    /// Cache size in blocks (6000, 6k, 1.5M).
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    pub(crate) capacity_blocks: Option<u64>,
+    /// Cache size in tokens, rounded down to whole blocks (3M).
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    pub(crate) capacity_tokens: Option<u64>,
+    /// Room for every distinct block: nothing is evicted [default].
+    #[arg(long)]
+    pub(crate) unbounded: bool,
+}
+
+impl CapacityArgs {
+    pub(crate) fn capacity(&self) -> Capacity {
+        match (self.capacity_blocks, self.capacity_tokens) {
+            (Some(blocks), _) => Capacity::Blocks(blocks),
+            (None, Some(tokens)) => Capacity::Tokens(tokens),
+            (None, None) => Capacity::Unbounded,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CacheArgs {
+    #[command(flatten)]
+    pub(crate) trace: TraceArgs,
+    #[command(flatten)]
+    pub(crate) capacity: CapacityArgs,
+    /// Which cached block to evict first.
+    #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
+    pub(crate) eviction: Eviction,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SweepArgs {
+    #[command(flatten)]
+    pub(crate) trace: TraceArgs,
+    /// Cache sizes in blocks, comma-separated (k and M suffixes allowed).
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        value_parser = Capacity::parse_count,
+        default_value = "1k,2k,4k,6k,10k,20k,50k"
+    )]
+    pub(crate) capacities: Vec<u64>,
+    /// Eviction policies, comma-separated.
+    #[arg(
+        long,
+        value_name = "POLICY,...",
+        value_delimiter = ',',
+        value_parser = eviction_parser(),
+        default_value = "lru,multi-level,lineage"
+    )]
+    pub(crate) evictions: Vec<Eviction>,
+    /// Directory for sweep.csv, sweep.md and sweep.svg (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: PathBuf,
+    /// Print the results as one JSON object instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+#[group(multiple = false)]
+pub(crate) struct ServeCapacityArgs {
+    /// KV pool size in blocks (6000, 6k, 1.5M).
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    pub(crate) capacity_blocks: Option<u64>,
+    /// KV pool size in tokens, rounded down to whole blocks [default: 3M].
+    #[arg(long, value_name = "N", value_parser = Capacity::parse_count)]
+    pub(crate) capacity_tokens: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReplayTraceArgs {
+    /// Mooncake-format JSONL trace [default: the embedded conversation excerpt].
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<PathBuf>,
+    /// Replay only the first N requests of the trace (in file order).
+    #[arg(long, value_name = "N")]
+    pub(crate) limit: Option<NonZeroUsize>,
+}
+
+/// One engine's pool, scheduler and step-time model (serve mode's engine,
+/// and every engine of a cluster).
+#[derive(Debug, Args)]
+pub(crate) struct EngineArgs {
+    /// Tokens per KV block; must divide the trace's 512.
+    #[arg(long, value_name = "N", default_value_t = ServeConfig::default().block_size)]
+    pub(crate) block_size: usize,
+    #[command(flatten)]
+    pub(crate) capacity: ServeCapacityArgs,
+    /// Which cached block to evict first.
+    #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
+    pub(crate) eviction: Eviction,
+    /// Most requests running at once.
+    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().max_running)]
+    pub(crate) max_running: usize,
+    /// Most tokens one step computes (prefill chunks plus one per decode).
+    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().token_budget)]
+    pub(crate) token_budget: usize,
+    /// Most prompt tokens one request prefills per step.
+    #[arg(long, value_name = "N", default_value_t = SchedulerConfig::default().chunk_size)]
+    pub(crate) chunk_size: usize,
+    /// Blocks admission keeps free for running requests to grow into [default: 1% of the pool].
+    #[arg(long, value_name = "N")]
+    pub(crate) watermark_blocks: Option<usize>,
+    /// Generated tokens admission reserves per request: a cap, or `full`.
+    #[arg(long, value_name = "N|full", default_value = "256", value_parser = parse_reserve)]
+    pub(crate) reserve: GenerationReserve,
+    /// Charge admission for a request's whole prompt, without credit for
+    /// the prefix it finds cached.
+    #[arg(long)]
+    pub(crate) no_prefix_credit: bool,
+    /// Draft tokens each decode verifies (speculative decoding; 0: off).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub(crate) spec_tokens: usize,
+    /// Probability the engine accepts each draft token (until the first
+    /// rejection).
+    #[arg(long, value_name = "P", default_value_t = ServeConfig::default().spec_accept)]
+    pub(crate) spec_accept: f64,
+    /// Seed of the random draws (priorities, draft acceptance).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Priorities of requests whose trace line has none, as vLLM priority
+    /// values (lower is more urgent) and their shares, e.g. `0:0.1,1:0.9`
+    /// [default: all normal].
+    #[arg(long, value_name = "P:SHARE,...")]
+    pub(crate) priorities: Option<String>,
+    /// Let a waiting request preempt running requests less urgent than it.
+    #[arg(long)]
+    pub(crate) priority_preemption: bool,
+    /// Priority steps a request's urgency rises per second of waiting
+    /// (0: strict priority).
+    #[arg(long, value_name = "F", default_value_t = 0.0)]
+    pub(crate) aging_per_s: f64,
+    /// Priority steps a request's urgency rises each time it is preempted
+    /// (at most 3 in all).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) preemption_boost: u32,
+    /// Simulated fixed cost of a step, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5.0)]
+    pub(crate) step_ms: f64,
+    /// Simulated cost per prefilled token, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0.05)]
+    pub(crate) prefill_token_ms: f64,
+    /// Simulated cost per decoding request in a step, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0.1)]
+    pub(crate) decode_request_ms: f64,
+    /// Check the scheduler's conservation laws every N steps (0: only at the end).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) audit_every: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MetricsArgs {
+    /// Serve the metrics in Prometheus text format at http://ADDR/metrics
+    /// while replaying (e.g. 127.0.0.1:9090).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) prometheus: Option<std::net::SocketAddr>,
+    /// With --prometheus, keep serving this many seconds after the replay.
+    #[arg(long, value_name = "S", default_value_t = 0, requires = "prometheus")]
+    pub(crate) prometheus_hold_s: u64,
+    /// Write the final Prometheus exposition to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) metrics_out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) trace: ReplayTraceArgs,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
+    /// Publish the engine's KV events on vLLM's ZeroMQ wire (msgpack
+    /// KVEventBatch, hashes as 64-bit ints) at ENDPOINT. As in vLLM, an
+    /// endpoint with `*` is bound (tcp://*:5557, for routers to connect),
+    /// any other is connected to.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub(crate) kv_events: Option<String>,
+    /// With --kv-events, also answer replay requests at ENDPOINT (a ROUTER
+    /// socket keeping the last 10,000 batches).
+    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
+    pub(crate) kv_events_replay: Option<String>,
+    /// With --kv-events, the topic frame of every message.
+    #[arg(long, value_name = "T", default_value = "", requires = "kv_events")]
+    pub(crate) kv_events_topic: String,
+    /// With --kv-events, wait up to MS for a first subscriber before
+    /// replaying.
+    #[arg(long, value_name = "MS", default_value_t = 0, requires = "kv_events")]
+    pub(crate) kv_events_wait_ms: u64,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ClusterArgs {
+    #[command(flatten)]
+    pub(crate) trace: ReplayTraceArgs,
+    /// Engines behind the router.
+    #[arg(long, value_name = "N", default_value_t = ClusterConfig::default().engines)]
+    pub(crate) engines: usize,
+    /// Routing policies to compare, comma-separated; one replay each.
+    #[arg(
+        long,
+        value_name = "POLICY,...",
+        value_delimiter = ',',
+        value_parser = policy_parser(),
+        default_value = "random,round-robin,least-loaded,kv-aware"
+    )]
+    pub(crate) policies: Vec<PolicyKind>,
+    /// The kv-aware policy's weight on prefill blocks against decode blocks.
+    #[arg(long, value_name = "W", default_value_t = ClusterConfig::default().overlap_weight)]
+    pub(crate) overlap_weight: f64,
+    /// The kv-aware policy's softmax temperature (0: always the cheapest).
+    #[arg(long, value_name = "T", default_value_t = ClusterConfig::default().temperature)]
+    pub(crate) temperature: f64,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
+    /// Directory for cluster.svg and cluster.json (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl ClusterArgs {
+    pub(crate) fn config(&self) -> Result<ClusterConfig, SimError> {
+        Ok(ClusterConfig::new(self.engines, self.engine.config()?)
+            .with_policies(self.policies.clone())
+            .with_overlap_weight(self.overlap_weight)
+            .with_temperature(self.temperature))
+    }
+}
+
+impl EngineArgs {
+    pub(crate) fn config(&self) -> Result<ServeConfig, SimError> {
+        let capacity = match (self.capacity.capacity_blocks, self.capacity.capacity_tokens) {
+            (Some(blocks), _) => Capacity::Blocks(blocks),
+            (None, Some(tokens)) => Capacity::Tokens(tokens),
+            (None, None) => ServeConfig::default().capacity,
+        };
+        let mut scheduler = SchedulerConfig::default()
+            .with_max_running(self.max_running)
+            .with_token_budget(self.token_budget)
+            .with_chunk_size(self.chunk_size)
+            .with_reserve(self.reserve)
+            .with_prefix_credit(!self.no_prefix_credit)
+            .with_speculative_tokens(self.spec_tokens)
+            .with_aging(aging(self.aging_per_s)?)
+            .with_preemption_boost(self.preemption_boost);
+        if self.priority_preemption {
+            scheduler = scheduler.with_preemption(Preemption::ByPriority);
+        }
+        if let Some(blocks) = self.watermark_blocks {
+            scheduler = scheduler.with_watermark_blocks(blocks);
+        }
+        let step_time =
+            StepTime::from_millis(self.step_ms, self.prefill_token_ms, self.decode_request_ms)?;
+        let config = ServeConfig::new(self.block_size, capacity)
+            .with_eviction(self.eviction)
+            .with_scheduler(scheduler)
+            .with_step_time(step_time)
+            .with_audit_every(self.audit_every)
+            .with_spec_accept(self.spec_accept)
+            .with_seed(self.seed);
+        match &self.priorities {
+            Some(mix) => Ok(config.with_priorities(PriorityMix::parse(mix)?)),
+            None => Ok(config),
+        }
+    }
+}
+
+/// Time-based aging at `per_second` priority steps per second of waiting;
+/// strict priority at 0.
+pub(crate) fn aging(per_second: f64) -> Result<Aging, SimError> {
+    if !per_second.is_finite() || per_second < 0.0 {
+        return Err(SimError::InvalidAgingRate { value: per_second });
+    }
+    if per_second == 0.0 {
+        return Ok(Aging::Strict);
+    }
+    // Rates too small for a step to fit a `Duration` age nothing.
+    let step = Duration::try_from_secs_f64(1.0 / per_second).unwrap_or(Duration::MAX);
+    Ok(Aging::Timed { step })
+}
+
+/// `full`, or a cap in tokens.
+pub(crate) fn parse_reserve(text: &str) -> Result<GenerationReserve, String> {
+    if text.trim().eq_ignore_ascii_case("full") {
+        return Ok(GenerationReserve::Full);
+    }
+    text.trim()
+        .parse::<u32>()
+        .map(GenerationReserve::Capped)
+        .map_err(|_| format!("`{text}` is neither `full` nor a token count"))
+}
+
+/// Lists the routing policy names in `--help` and parses them with the library.
+fn policy_parser() -> impl TypedValueParser<Value = PolicyKind> {
+    PossibleValuesParser::new(PolicyKind::ALL.map(PolicyKind::name))
+        .try_map(|name| PolicyKind::parse(&name))
+}
+
+/// Lists the eviction policy names in `--help` and parses them with the library.
+fn eviction_parser() -> impl TypedValueParser<Value = Eviction> {
+    PossibleValuesParser::new(Eviction::ALL.map(Eviction::name))
+        .try_map(|name| name.parse::<Eviction>())
+}

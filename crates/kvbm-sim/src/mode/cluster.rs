@@ -1,0 +1,395 @@
+//! Cluster mode: the trace's arrivals routed over N engines, each a real
+//! [`Scheduler`] with its own block pool (serve mode's engine and step-time
+//! model), behind a [`kvbm_router::Router`].
+//!
+//! Each engine's cache events reach the router the way they would cross the
+//! wire, minus the socket: the pool's subscription, [`WireFormat`] into
+//! vLLM's `KvEvent`s, [`Router::apply`]. After each of its steps an engine
+//! reports its load (active blocks, prompt tokens not yet prefilled, running
+//! requests); between steps the router counts what it has sent each engine
+//! since (as Dynamo's router does), so a burst of arrivals does not all go
+//! to the engine that looked idlest.
+//!
+//! Simulated time is discrete-event: the next thing to happen is either an
+//! arrival or the step of the engine whose clock is furthest behind. An
+//! arrival is routed once no engine can start a step before it; it sees the
+//! events of steps that began before it (at most one step of lookahead per
+//! engine).
+//!
+//! Request keys are the engines' chained block hashes of the prompt's full
+//! blocks (`kvbm_sequence`'s, unsalted), sent as 64-bit integers.
+
+mod plot;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kvbm_blocks::{BlockManager, EventMessage};
+use kvbm_events::{HashForm, WireFormat};
+use kvbm_queue::Scheduler;
+use kvbm_router::{
+    KvAware, LeastLoaded, Policy, Random, RoundRobin, RouteRequest, Router, WorkerId, WorkerLoad,
+    block_key,
+};
+use kvbm_sequence::{Salt, block_hash, chain_hash};
+
+pub use self::report::{ClusterReport, ClusterRun};
+use super::serve::{ServeConfig, ServeSim, Simulated};
+#[cfg(test)]
+use crate::ServeOutcome;
+use crate::{EventSink, SimError, Trace};
+
+/// A routing policy of [`ClusterConfig::policies`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyKind {
+    /// Uniformly at random (seeded).
+    Random,
+    /// Each engine in turn.
+    RoundRobin,
+    /// The engine with the least queued and active work.
+    LeastLoaded,
+    /// Dynamo's cost: overlap weight × prefill blocks + decode blocks.
+    KvAware,
+}
+
+impl PolicyKind {
+    /// All four, in the order reports list them.
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Random,
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoaded,
+        PolicyKind::KvAware,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Random => "random",
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::LeastLoaded => "least-loaded",
+            PolicyKind::KvAware => "kv-aware",
+        }
+    }
+
+    /// The policy of a command-line name.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::UnknownPolicy`] for any other name.
+    pub fn parse(name: &str) -> Result<Self, SimError> {
+        (Self::ALL.into_iter())
+            .find(|policy| policy.name() == name.trim())
+            .ok_or_else(|| SimError::UnknownPolicy {
+                name: name.to_owned(),
+            })
+    }
+}
+
+/// What to replay in cluster mode.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ClusterConfig {
+    /// Engines behind the router (default 16, the Mooncake paper's).
+    pub engines: usize,
+    /// Every engine's pool, scheduler and step-time model (serve mode's);
+    /// `engine.capacity` is per engine.
+    pub engine: ServeConfig,
+    /// The policies to compare, one replay each.
+    pub policies: Vec<PolicyKind>,
+    /// The KV-aware policy's overlap weight (default 1, Dynamo's).
+    pub overlap_weight: f64,
+    /// The KV-aware policy's softmax temperature (default 0: greedy).
+    pub temperature: f64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            engines: 16,
+            engine: ServeConfig::default(),
+            policies: PolicyKind::ALL.to_vec(),
+            overlap_weight: 1.0,
+            temperature: 0.0,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// `engines` engines, each configured as `engine`; the other settings
+    /// at their defaults.
+    pub fn new(engines: usize, engine: ServeConfig) -> Self {
+        Self {
+            engines,
+            engine,
+            ..Self::default()
+        }
+    }
+
+    /// Compares `policies` (one replay each, in this order).
+    pub fn with_policies(mut self, policies: Vec<PolicyKind>) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    /// The KV-aware policy's overlap weight.
+    pub fn with_overlap_weight(mut self, weight: f64) -> Self {
+        self.overlap_weight = weight;
+        self
+    }
+
+    /// The KV-aware policy's softmax temperature.
+    pub fn with_temperature(mut self, temperature: f64) -> Self {
+        self.temperature = temperature;
+        self
+    }
+
+    fn policy(&self, kind: PolicyKind) -> Box<dyn Policy> {
+        let seed = self.engine.seed;
+        match kind {
+            PolicyKind::Random => Box::new(Random::new(seed)),
+            PolicyKind::RoundRobin => Box::new(RoundRobin::new()),
+            PolicyKind::LeastLoaded => Box::new(LeastLoaded),
+            PolicyKind::KvAware => Box::new(
+                KvAware::new(seed)
+                    .with_overlap_weight(self.overlap_weight)
+                    .with_temperature(self.temperature),
+            ),
+        }
+    }
+}
+
+/// Replays `trace` once per policy of `config`.
+///
+/// # Errors
+///
+/// [`SimError::ZeroEngines`] for no engines; as serve mode's replay for an
+/// engine that cannot be built or stalls.
+pub fn replay(trace: &Trace, config: &ClusterConfig) -> Result<ClusterReport, SimError> {
+    let runs = (config.policies.iter())
+        .map(|&policy| replay_policy(trace, config, policy))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ClusterReport {
+        engines: config.engines,
+        block_size: config.engine.block_size,
+        capacity_blocks: config
+            .engine
+            .capacity
+            .resolve_bounded(config.engine.block_size)?,
+        runs,
+    })
+}
+
+impl ClusterReport {
+    /// The policies compared as an SVG document (`--out`): mean TTFT and
+    /// token hit rate per policy.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Plot`] if the plot cannot be drawn.
+    pub fn svg(&self) -> Result<String, SimError> {
+        plot::policies_svg(self)
+    }
+
+    /// Writes `cluster.svg` ([`svg`](Self::svg)) and `cluster.json`
+    /// ([`to_json`](Self::to_json)) into `dir`, creating it if missing;
+    /// returns their paths.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::WriteOutput`] if a file cannot be written;
+    /// [`SimError::Plot`] if the plot cannot be drawn.
+    pub fn write_to(&self, dir: &Path) -> Result<[PathBuf; 2], SimError> {
+        let write_failed = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SimError::WriteOutput { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(write_failed(dir))?;
+        let svg = dir.join("cluster.svg");
+        std::fs::write(&svg, self.svg()?).map_err(write_failed(&svg))?;
+        let json = dir.join("cluster.json");
+        std::fs::write(&json, format!("{}\n", self.to_json())).map_err(write_failed(&json))?;
+        Ok([svg, json])
+    }
+}
+
+/// One engine of the cluster.
+struct Engine<'a> {
+    id: WorkerId,
+    sim: ServeSim<'a>,
+}
+
+/// Feeds an engine's events to the router, as a subscriber of its wire
+/// would.
+struct RouterFeed<'r> {
+    router: &'r Router,
+    worker: WorkerId,
+    format: &'r WireFormat,
+}
+
+impl EventSink for RouterFeed<'_> {
+    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        for event in self.format.events(message) {
+            (self.router.apply(self.worker, &event)).map_err(|error| SimError::Events {
+                reason: error.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The chained keys of `prompt`'s full blocks, as the engines send them.
+fn request_keys(prompt: &[u32], block_size: usize, format: &WireFormat, keys: &mut Vec<u128>) {
+    keys.clear();
+    let mut previous = Salt::NONE.get();
+    for block in prompt.chunks_exact(block_size) {
+        previous = chain_hash(previous, block_hash(block));
+        keys.push(block_key(
+            &format.hash(kvbm_blocks::SequenceHash::root(previous)),
+        ));
+    }
+}
+
+fn replay_policy(
+    trace: &Trace,
+    config: &ClusterConfig,
+    kind: PolicyKind,
+) -> Result<ClusterRun, SimError> {
+    if config.engines == 0 {
+        return Err(SimError::ZeroEngines);
+    }
+    let engine_config = &config.engine;
+    engine_config.validate()?;
+    let block_size = engine_config.block_size;
+    let capacity_blocks = engine_config.capacity.resolve_bounded(block_size)?;
+    let started = Instant::now();
+    let router = Router::new();
+    let format = WireFormat::new(u32::try_from(block_size).unwrap_or(u32::MAX))
+        .with_hash_form(HashForm::Int64);
+    let mut engines = Vec::with_capacity(config.engines);
+    for i in 0..config.engines {
+        let manager = BlockManager::<Simulated>::builder()
+            .block_count(capacity_blocks)
+            .block_size(block_size)
+            .eviction(engine_config.eviction.policy())
+            .build()?;
+        let mut scheduler = Scheduler::new(manager, engine_config.scheduler)?;
+        let labels = [
+            ("engine", i.to_string()),
+            ("policy", kind.name().to_owned()),
+        ];
+        scheduler.set_metric_labels(labels.clone().map(|(k, v)| (k.to_owned(), v)));
+        let mut sim = ServeSim::engine(trace, engine_config, scheduler, &labels);
+        sim.tap_events();
+        let id = i as WorkerId;
+        router.add_worker(id).map_err(|error| SimError::Events {
+            reason: error.to_string(),
+        })?;
+        engines.push(Engine { id, sim });
+    }
+    let mut policy = config.policy(kind);
+    let mut arrivals: Vec<usize> = (0..trace.len()).collect();
+    arrivals.sort_by_key(|&i| trace.requests().get(i).map_or(0, |r| r.timestamp));
+    let mut assigned = vec![usize::MAX; trace.len()];
+    let mut keys = Vec::new();
+    let mut next = 0;
+    loop {
+        let busy = (engines.iter().enumerate())
+            .filter(|(_, e)| !e.sim.is_idle())
+            .min_by_key(|(_, e)| e.sim.now())
+            .map(|(i, e)| (i, e.sim.now()));
+        let arrival = arrivals
+            .get(next)
+            .map(|&i| (i, engines[0].sim.arrival_of(i)));
+        match (arrival, busy) {
+            (Some((index, at)), busy) if busy.is_none_or(|(_, now)| at <= now) => {
+                next += 1;
+                let prompt = engines[0].sim.prompt(index);
+                let prompt_tokens = prompt.as_ref().map_or(0, |p| p.len());
+                match &prompt {
+                    Some(prompt) => request_keys(prompt, block_size, &format, &mut keys),
+                    None => keys.clear(),
+                }
+                let request = RouteRequest {
+                    keys: &keys,
+                    prompt_tokens,
+                    block_size,
+                };
+                let worker = router
+                    .route(&request, policy.as_mut())
+                    .map_or(0, |decision| decision.worker as usize);
+                assigned[index] = worker;
+                let engine = &mut engines[worker];
+                engine.sim.wake_at(at);
+                engine.sim.submit(index, prompt)?;
+                // Its queued prompt tokens now include this one, so a burst
+                // of arrivals spreads before the engine next steps.
+                report_load(&router, engine)?;
+            }
+            (_, Some((i, _))) => {
+                let engine = &mut engines[i];
+                let mut feed = RouterFeed {
+                    router: &router,
+                    worker: engine.id,
+                    format: &format,
+                };
+                let changed = engine.sim.advance(Some(&mut feed))?;
+                if !changed {
+                    match arrivals.get(next) {
+                        Some(&index) => {
+                            let at = engine.sim.arrival_of(index);
+                            engine.sim.wake_at(at);
+                        }
+                        None => return Err(engine.sim.stalled()),
+                    }
+                }
+                report_load(&router, engine)?;
+            }
+            (_, None) => break,
+        }
+    }
+    check_router(&router, &engines)?;
+    report::merge(
+        trace,
+        kind,
+        engines.into_iter().map(|e| e.sim),
+        &assigned,
+        capacity_blocks,
+        started,
+    )
+}
+
+/// Checks that the router, fed only by events, holds exactly the blocks
+/// each engine's pool registers.
+fn check_router(router: &Router, engines: &[Engine<'_>]) -> Result<(), SimError> {
+    for (engine, state) in engines.iter().enumerate() {
+        let router_blocks = router.stats(state.id).map_or(0, |stats| stats.held_blocks);
+        let pool_blocks = state.sim.registered_blocks()?;
+        if router_blocks != pool_blocks {
+            return Err(SimError::RouterOutOfSync {
+                engine,
+                router_blocks,
+                pool_blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Tells the router `engine`'s load.
+fn report_load(router: &Router, engine: &Engine<'_>) -> Result<(), SimError> {
+    let (active_blocks, queued_prefill_tokens, running_requests) = engine.sim.load();
+    let load = WorkerLoad {
+        active_blocks,
+        queued_prefill_tokens,
+        running_requests,
+    };
+    router
+        .set_load(engine.id, load)
+        .map_err(|error| SimError::Events {
+            reason: error.to_string(),
+        })
+}

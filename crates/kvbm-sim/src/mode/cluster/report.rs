@@ -1,0 +1,239 @@
+//! [`ClusterReport`]: one [`ClusterRun`] per routing policy, each merged
+//! from its engines' serve-mode reports.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::PolicyKind;
+use crate::format::{group, percent};
+use crate::mode::serve::{ServeSim, latencies};
+use crate::{HitStats, Latency, RequestTimeline, ServeOutcome, SimError, Trace};
+
+/// One policy's replay over the whole cluster.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ClusterRun {
+    /// The routing policy.
+    pub policy: PolicyKind,
+    /// Accepted requests, their blocks and tokens, and the prefix hits at
+    /// their first admission, summed over engines.
+    pub hits: HitStats,
+    /// Requests refused at submission (empty, or larger than an engine's
+    /// pool).
+    pub rejected_requests: u64,
+    /// Requests that generated all their tokens.
+    pub finished_requests: u64,
+    /// Time to first token over requests that emitted one.
+    pub ttft: Latency,
+    /// Time per output token after the first.
+    pub tpot: Latency,
+    /// Arrival to finish.
+    pub e2e: Latency,
+    /// Preemptions, summed over engines.
+    pub preemptions: u64,
+    /// Cached blocks evicted, summed over engines.
+    pub evictions: u64,
+    /// Engine steps, summed over engines.
+    pub steps: u64,
+    /// Requests in the engines' plans, summed over steps and engines (the
+    /// denominator of the cost per scheduled request-step).
+    pub scheduled_requests: u64,
+    /// Requests routed to each engine, in engine order.
+    pub routed: Vec<u64>,
+    /// Each engine's busy time (sum of its step times), in engine order.
+    pub busy: Vec<Duration>,
+    /// First arrival to the end of the last engine's last step.
+    pub sim_duration: Duration,
+    /// Wall time of the replay, building the engines included.
+    pub replay_time: Duration,
+    /// Every trace request, in trace order, as the engine it went to saw it.
+    pub requests: Vec<RequestTimeline>,
+}
+
+impl ClusterRun {
+    /// The busiest engine's busy time over the mean engine's: 1 is a
+    /// perfectly balanced cluster, `engines` is all work on one engine
+    /// (1 with no work at all).
+    pub fn load_imbalance(&self) -> f64 {
+        let total: f64 = self.busy.iter().map(Duration::as_secs_f64).sum();
+        let max = self
+            .busy
+            .iter()
+            .map(Duration::as_secs_f64)
+            .fold(0.0, f64::max);
+        if total == 0.0 {
+            1.0
+        } else {
+            max * self.busy.len() as f64 / total
+        }
+    }
+
+    /// The run as one JSON object (an element of `--json`'s `runs`).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "policy": self.policy.name(),
+            "requests": self.hits.requests,
+            "rejected_requests": self.rejected_requests,
+            "finished_requests": self.finished_requests,
+            "input_blocks": self.hits.input_blocks,
+            "hit_blocks": self.hits.hit_blocks,
+            "input_tokens": self.hits.input_tokens,
+            "hit_tokens": self.hits.hit_tokens,
+            "token_hit_rate": self.hits.token_hit_rate(),
+            "block_hit_rate": self.hits.block_hit_rate(),
+            "ttft": self.ttft.to_json(),
+            "tpot": self.tpot.to_json(),
+            "e2e": self.e2e.to_json(),
+            "preemptions": self.preemptions,
+            "evictions": self.evictions,
+            "load_imbalance": self.load_imbalance(),
+            "steps": self.steps,
+            "scheduled_requests": self.scheduled_requests,
+            "routed": self.routed,
+            "busy_s": self.busy.iter().map(Duration::as_secs_f64).collect::<Vec<_>>(),
+            "sim_duration_s": self.sim_duration.as_secs_f64(),
+            "replay_ms": self.replay_time.as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// The result of a cluster-mode replay: one run per policy, in the order
+/// they were asked for.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ClusterReport {
+    /// Engines behind the router.
+    pub engines: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Each engine's pool, in blocks.
+    pub capacity_blocks: usize,
+    /// One replay per policy.
+    pub runs: Vec<ClusterRun>,
+}
+
+impl ClusterReport {
+    /// The report as one JSON object (the `--json` output):
+    /// `{"mode": "cluster", "engines": .., "runs": [..]}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "mode": "cluster",
+            "engines": self.engines,
+            "block_size": self.block_size,
+            "capacity_blocks": self.capacity_blocks,
+            "runs": self.runs.iter().map(ClusterRun::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl fmt::Display for ClusterReport {
+    /// A table with one row per policy, ending in a newline.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let requests = self.runs.first().map_or(0, |run| run.hits.requests);
+        writeln!(
+            f,
+            "cluster mode: {} engines, {} requests, block size {}, {} blocks per engine",
+            self.engines,
+            group(requests),
+            self.block_size,
+            group(self.capacity_blocks as u64)
+        )?;
+        writeln!(
+            f,
+            "  {:<13}{:>11}{:>11}{:>11}{:>11}{:>10}{:>10}{:>10}{:>11}{:>10}",
+            "policy",
+            "TTFT mean",
+            "p50",
+            "p90",
+            "p99",
+            "TPOT",
+            "hit rate",
+            "finished",
+            "imbalance",
+            "replay"
+        )?;
+        for run in &self.runs {
+            let secs = |d: Duration| format!("{:.3} s", d.as_secs_f64());
+            writeln!(
+                f,
+                "  {:<13}{:>11}{:>11}{:>11}{:>11}{:>10}{:>10}{:>10}{:>11}{:>10}",
+                run.policy.name(),
+                secs(run.ttft.mean),
+                secs(run.ttft.p50),
+                secs(run.ttft.p90),
+                secs(run.ttft.p99),
+                format!("{:.1} ms", run.tpot.mean.as_secs_f64() * 1e3),
+                percent(run.hits.token_hit_rate()),
+                group(run.finished_requests),
+                format!("{:.2}", run.load_imbalance()),
+                format!("{:.2} s", run.replay_time.as_secs_f64()),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Merges the engines of one policy's replay: each request as the engine
+/// it was `assigned` to saw it.
+pub(super) fn merge<'a>(
+    trace: &Trace,
+    policy: PolicyKind,
+    engines: impl Iterator<Item = ServeSim<'a>>,
+    assigned: &[usize],
+    capacity_blocks: usize,
+    started: Instant,
+) -> Result<ClusterRun, SimError> {
+    let reports = engines
+        .map(|engine| engine.report(capacity_blocks))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut routed = vec![0u64; reports.len()];
+    let mut requests = Vec::with_capacity(trace.len());
+    for (index, &engine) in assigned.iter().enumerate() {
+        let Some(report) = reports.get(engine) else {
+            continue;
+        };
+        routed[engine] += 1;
+        if let Some(&timeline) = report.requests.get(index) {
+            requests.push(timeline);
+        }
+    }
+    let block_size = reports.first().map_or(1, |report| report.block_size);
+    let mut hits = HitStats::default();
+    for request in requests.iter().filter(|r| r.outcome.was_accepted()) {
+        hits.record_tokens(
+            request.input_tokens,
+            request.input_tokens.div_ceil(block_size as u64),
+            request.hit_tokens,
+            block_size,
+        );
+    }
+    let count = |outcome: ServeOutcome| requests.iter().filter(|r| r.outcome == outcome).count();
+    let first_arrival = requests.iter().map(|r| r.arrival).min().unwrap_or_default();
+    let last_step = reports
+        .iter()
+        .map(|r| r.sim_duration)
+        .max()
+        .unwrap_or_default();
+    let (ttft, tpot, e2e) = latencies(&requests);
+    Ok(ClusterRun {
+        policy,
+        hits,
+        rejected_requests: reports.iter().map(|r| r.rejected_requests).sum(),
+        finished_requests: count(ServeOutcome::Finished) as u64,
+        ttft,
+        tpot,
+        e2e,
+        preemptions: reports.iter().map(|r| r.preemptions).sum(),
+        evictions: reports.iter().map(|r| r.evictions).sum(),
+        steps: reports.iter().map(|r| r.steps).sum(),
+        scheduled_requests: reports.iter().map(|r| r.scheduled_requests).sum(),
+        routed,
+        busy: reports.iter().map(|r| r.busy_time).collect(),
+        // Engines' clocks start at the trace's origin, not its first arrival.
+        sim_duration: last_step.saturating_sub(first_arrival),
+        replay_time: started.elapsed(),
+        requests,
+    })
+}

@@ -1,0 +1,182 @@
+//! Cluster mode against serve mode, on hand-made and excerpt traces, and a
+//! property over arbitrary small traces: every request ends somewhere, the
+//! router's index ends equal to the engines' pools.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::{Capacity, TraceRequest};
+
+fn excerpt(requests: usize) -> Trace {
+    let mut trace = Trace::conversation_excerpt().unwrap();
+    trace.truncate(NonZeroUsize::new(requests).unwrap());
+    trace
+}
+
+fn engine() -> ServeConfig {
+    ServeConfig::new(16, Capacity::Tokens(400_000)).with_audit_every(50)
+}
+
+#[test]
+fn policy_names_round_trip_and_unknown_ones_are_typed() {
+    for policy in PolicyKind::ALL {
+        assert_eq!(PolicyKind::parse(policy.name()).unwrap(), policy);
+    }
+    assert!(matches!(
+        PolicyKind::parse("fastest"),
+        Err(SimError::UnknownPolicy { name }) if name == "fastest"
+    ));
+}
+
+#[test]
+fn zero_engines_and_bad_engine_configs_are_typed_errors() {
+    let trace = excerpt(5);
+    let none = ClusterConfig::new(0, engine());
+    assert!(matches!(replay(&trace, &none), Err(SimError::ZeroEngines)));
+    let bad_block = ClusterConfig::new(2, ServeConfig::new(7, Capacity::Tokens(1_000)));
+    assert!(matches!(
+        replay(&trace, &bad_block),
+        Err(SimError::InvalidBlockSize { block_size: 7 })
+    ));
+}
+
+#[test]
+fn one_engine_cluster_is_serve_mode() {
+    // With one engine every policy routes everything to it, and the replay
+    // must be the serve-mode replay, request by request.
+    let trace = excerpt(120);
+    let serve = engine().run(&trace).unwrap();
+    let cluster = replay(&trace, &ClusterConfig::new(1, engine())).unwrap();
+    for run in &cluster.runs {
+        assert_eq!(run.requests, serve.requests, "{}", run.policy.name());
+        assert_eq!(run.hits, serve.hits);
+        assert_eq!(
+            (run.ttft, run.tpot, run.e2e),
+            (serve.ttft, serve.tpot, serve.e2e)
+        );
+        assert_eq!(run.preemptions, serve.preemptions);
+        assert_eq!(run.evictions, serve.evictions);
+        assert_eq!(run.busy, vec![serve.busy_time]);
+        assert_eq!(run.load_imbalance(), 1.0);
+    }
+}
+
+/// `conversations` multi-turn conversations of `turns` turns, 2 s apart:
+/// each turn's prompt is the previous one's plus two trace blocks.
+fn conversations(conversations: u64, turns: u64) -> Trace {
+    let mut requests = Vec::new();
+    for turn in 0..turns {
+        for conversation in 0..conversations {
+            let blocks = 2 * (turn + 1);
+            requests.push(TraceRequest {
+                timestamp: turn * 2_000 + conversation * 10,
+                input_length: blocks * 512,
+                output_length: 8,
+                hash_ids: (0..blocks).map(|b| conversation * 1_000 + b).collect(),
+                priority: None,
+            });
+        }
+    }
+    Trace::from_requests(requests).unwrap()
+}
+
+#[test]
+fn kv_aware_routing_finds_more_of_the_cache_than_random() {
+    let trace = conversations(12, 6);
+    let config = ClusterConfig::new(4, engine())
+        .with_policies(vec![PolicyKind::Random, PolicyKind::KvAware]);
+    let report = replay(&trace, &config).unwrap();
+    let [random, kv_aware] = &report.runs[..] else {
+        panic!("two runs");
+    };
+    assert!(
+        kv_aware.hits.token_hit_rate() > random.hits.token_hit_rate() + 0.05,
+        "kv-aware {} vs random {}",
+        kv_aware.hits.token_hit_rate(),
+        random.hits.token_hit_rate()
+    );
+    for run in &report.runs {
+        assert_eq!(run.routed.iter().sum::<u64>(), 72);
+        assert_eq!(run.finished_requests, 72);
+    }
+}
+
+#[test]
+fn round_robin_routes_in_turn_and_replays_are_deterministic() {
+    let trace = excerpt(40);
+    let config = ClusterConfig::new(4, engine());
+    let mut first = replay(&trace, &config).unwrap();
+    let mut second = replay(&trace, &config).unwrap();
+    for run in first.runs.iter_mut().chain(second.runs.iter_mut()) {
+        run.replay_time = Duration::ZERO;
+    }
+    assert_eq!(first, second);
+    let round_robin = &first.runs[1];
+    assert_eq!(round_robin.policy, PolicyKind::RoundRobin);
+    assert_eq!(round_robin.routed, vec![10; 4]);
+    let json = first.to_json();
+    assert_eq!(json["runs"].as_array().unwrap().len(), 4);
+    for key in [
+        "ttft",
+        "tpot",
+        "token_hit_rate",
+        "finished_requests",
+        "requests",
+        "load_imbalance",
+    ] {
+        assert!(!json["runs"][3][key].is_null(), "{key}");
+    }
+    assert!(first.svg().unwrap().starts_with("<svg"));
+}
+
+fn arbitrary_request() -> impl Strategy<Value = TraceRequest> {
+    (
+        0u64..2_000,
+        prop::collection::vec(0u64..12, 0..6),
+        1u64..=512,
+        0u64..40,
+    )
+        .prop_map(
+            |(timestamp, hash_ids, last_block, output_length)| TraceRequest {
+                timestamp,
+                // Consistent with the blocks, as the trace requires.
+                input_length: (hash_ids.len() as u64).saturating_sub(1) * 512
+                    + if hash_ids.is_empty() { 0 } else { last_block },
+                output_length,
+                hash_ids,
+                priority: None,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Any trace, any engine count, any policy, small pools that preempt
+    /// and evict: every request ends finished or refused, the routed counts
+    /// add up, and (checked inside the replay) the router's index equals
+    /// every engine's registry.
+    #[test]
+    fn every_request_ends_and_the_router_stays_in_sync(
+        requests in prop::collection::vec(arbitrary_request(), 1..30),
+        engines in 1usize..5,
+        capacity in 40u64..400,
+        policy in prop::sample::select(PolicyKind::ALL.to_vec()),
+    ) {
+        let trace = Trace::from_requests(requests).unwrap();
+        let config = ClusterConfig::new(
+            engines,
+            ServeConfig::new(16, Capacity::Blocks(capacity)).with_audit_every(1),
+        )
+        .with_policies(vec![policy]);
+        let report = replay(&trace, &config).unwrap();
+        let run = &report.runs[0];
+        prop_assert_eq!(run.routed.iter().sum::<u64>(), trace.len() as u64);
+        prop_assert!(run.requests.iter().all(|r| r.outcome != ServeOutcome::Pending));
+        let refused = run.requests.iter().filter(|r| !r.outcome.was_accepted()).count() as u64;
+        prop_assert_eq!(run.hits.requests + refused, trace.len() as u64);
+    }
+}
