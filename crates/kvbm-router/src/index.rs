@@ -3,8 +3,13 @@
 
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
+use smallvec::SmallVec;
 
 use crate::WorkerId;
+
+/// The workers holding one block, sorted. Inline up to two: most blocks are
+/// on one or two workers, and an entry then costs no allocation of its own.
+type Holders = SmallVec<[WorkerId; 2]>;
 
 /// Block key to the workers that hold the block (sorted, usually one or
 /// two). A key is the block's hash as the engines send it
@@ -13,7 +18,7 @@ use crate::WorkerId;
 /// prefix up to here".
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
-    blocks: DashMap<u128, Vec<WorkerId>, RandomState>,
+    blocks: DashMap<u128, Holders, RandomState>,
 }
 
 impl PrefixIndex {
@@ -34,6 +39,21 @@ impl PrefixIndex {
         }
     }
 
+    /// Forgets every block `worker` holds; how many it held. Visits the
+    /// whole index, so it costs what the index holds, not what the worker
+    /// did: for the rare clear or departure, not for every eviction.
+    pub fn remove_worker(&self, worker: WorkerId) -> usize {
+        let mut removed = 0;
+        self.blocks.retain(|_, workers| {
+            if let Ok(at) = workers.binary_search(&worker) {
+                workers.remove(at);
+                removed += 1;
+            }
+            !workers.is_empty()
+        });
+        removed
+    }
+
     /// Records that `worker` no longer holds `key`; whether it did.
     pub fn remove(&self, key: u128, worker: WorkerId) -> bool {
         let mut held = false;
@@ -50,7 +70,7 @@ impl PrefixIndex {
 
     /// The workers holding `key`.
     pub fn holders(&self, key: u128) -> Vec<WorkerId> {
-        self.blocks.get(&key).map(|w| w.clone()).unwrap_or_default()
+        self.blocks.get(&key).map(|w| w.to_vec()).unwrap_or_default()
     }
 
     /// Distinct keys held by any worker.

@@ -1,6 +1,5 @@
 //! [`Router`]: the prefix index, the workers and their loads, and routing.
 
-use std::collections::HashSet;
 use std::sync::{PoisonError, RwLock};
 
 use dashmap::DashMap;
@@ -48,9 +47,10 @@ pub struct Decision {
     pub overlap_blocks: usize,
 }
 
+/// What the router keeps per worker. Its blocks live only in the shared
+/// index (a second per-worker set would double the cost of every event).
 #[derive(Debug, Default)]
 struct Worker {
-    held: HashSet<u128, RandomState>,
     load: WorkerLoad,
     stats: WorkerStats,
 }
@@ -115,10 +115,8 @@ impl Router {
             };
             order.remove(at);
         }
-        if let Some((_, state)) = self.workers.remove(&worker) {
-            for key in state.held {
-                self.index.remove(key, worker);
-            }
+        if self.workers.remove(&worker).is_some() {
+            self.index.remove_worker(worker);
         }
         Ok(())
     }
@@ -143,18 +141,16 @@ impl Router {
         match event {
             KvEvent::BlockStored(stored) => {
                 for hash in &stored.block_hashes {
-                    let key = block_key(hash);
-                    if state.held.insert(key) {
-                        self.index.insert(key, worker);
+                    if self.index.insert(block_key(hash), worker) {
+                        state.stats.held_blocks += 1;
                     }
                 }
                 state.stats.stored_blocks += stored.block_hashes.len() as u64;
             }
             KvEvent::BlockRemoved(removed) => {
                 for hash in &removed.block_hashes {
-                    let key = block_key(hash);
-                    if state.held.remove(&key) {
-                        self.index.remove(key, worker);
+                    if self.index.remove(block_key(hash), worker) {
+                        state.stats.held_blocks = state.stats.held_blocks.saturating_sub(1);
                     } else {
                         state.stats.unknown_removals += 1;
                     }
@@ -162,13 +158,11 @@ impl Router {
                 state.stats.removed_blocks += removed.block_hashes.len() as u64;
             }
             KvEvent::AllBlocksCleared => {
-                for key in state.held.drain() {
-                    self.index.remove(key, worker);
-                }
+                self.index.remove_worker(worker);
+                state.stats.held_blocks = 0;
                 state.stats.clears += 1;
             }
         }
-        state.stats.held_blocks = state.held.len();
         Ok(())
     }
 
