@@ -70,7 +70,10 @@ impl PrefixIndex {
 
     /// The workers holding `key`.
     pub fn holders(&self, key: u128) -> Vec<WorkerId> {
-        self.blocks.get(&key).map(|w| w.to_vec()).unwrap_or_default()
+        self.blocks
+            .get(&key)
+            .map(|w| w.to_vec())
+            .unwrap_or_default()
     }
 
     /// Distinct keys held by any worker.

@@ -277,6 +277,10 @@ pub(crate) struct ClusterArgs {
     /// The kv-aware policy's softmax temperature (0: always the cheapest).
     #[arg(long, value_name = "T", default_value_t = ClusterConfig::default().temperature)]
     pub(crate) temperature: f64,
+    /// Threads the engines step on between arrivals (default: one per
+    /// core; 1 steps them in turn). The results do not depend on it.
+    #[arg(long, value_name = "N")]
+    pub(crate) threads: Option<usize>,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
     #[command(flatten)]
@@ -294,7 +298,8 @@ impl ClusterArgs {
         Ok(ClusterConfig::new(self.engines, self.engine.config()?)
             .with_policies(self.policies.clone())
             .with_overlap_weight(self.overlap_weight)
-            .with_temperature(self.temperature))
+            .with_temperature(self.temperature)
+            .with_threads(self.threads))
     }
 }
 

@@ -176,6 +176,12 @@ pub enum SimError {
     /// A cluster of no engines.
     #[error("a cluster needs at least one engine")]
     ZeroEngines,
+    /// The cluster's thread pool could not be started.
+    #[error("starting the cluster's threads: {reason}")]
+    Threads {
+        /// What the pool builder said.
+        reason: String,
+    },
     /// The replay's event sink failed (the `--kv-events` socket).
     #[error("publishing KV events: {reason}")]
     Events {

@@ -27,6 +27,8 @@ mod tests;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use rayon::iter::{IntoParallelRefMutIterator, ParallelIterator};
+
 use kvbm_blocks::{BlockManager, EventMessage};
 use kvbm_events::{HashForm, WireFormat};
 use kvbm_queue::Scheduler;
@@ -104,6 +106,10 @@ pub struct ClusterConfig {
     pub overlap_weight: f64,
     /// The KV-aware policy's softmax temperature (default 0: greedy).
     pub temperature: f64,
+    /// Threads the engines step on between arrivals (default `None`: one
+    /// per core; `Some(0)` or `Some(1)`: the calling thread). The replay is the same
+    /// for any count.
+    pub threads: Option<usize>,
 }
 
 impl Default for ClusterConfig {
@@ -114,6 +120,7 @@ impl Default for ClusterConfig {
             policies: PolicyKind::ALL.to_vec(),
             overlap_weight: 1.0,
             temperature: 0.0,
+            threads: None,
         }
     }
 }
@@ -144,6 +151,13 @@ impl ClusterConfig {
     /// The KV-aware policy's softmax temperature.
     pub fn with_temperature(mut self, temperature: f64) -> Self {
         self.temperature = temperature;
+        self
+    }
+
+    /// Steps the engines on `threads` threads (`Some(1)`: the calling
+    /// thread; `None`: one per core).
+    pub fn with_threads(mut self, threads: Option<usize>) -> Self {
+        self.threads = threads;
         self
     }
 
@@ -295,62 +309,38 @@ fn replay_policy(
     arrivals.sort_by_key(|&i| trace.requests().get(i).map_or(0, |r| r.timestamp));
     let mut assigned = vec![usize::MAX; trace.len()];
     let mut keys = Vec::new();
-    let mut next = 0;
-    loop {
-        let busy = (engines.iter().enumerate())
-            .filter(|(_, e)| !e.sim.is_idle())
-            .min_by_key(|(_, e)| e.sim.now())
-            .map(|(i, e)| (i, e.sim.now()));
-        let arrival = arrivals
-            .get(next)
-            .map(|&i| (i, engines[0].sim.arrival_of(i)));
-        match (arrival, busy) {
-            (Some((index, at)), busy) if busy.is_none_or(|(_, now)| at <= now) => {
-                next += 1;
-                let prompt = engines[0].sim.prompt(index);
-                let prompt_tokens = prompt.as_ref().map_or(0, |p| p.len());
-                match &prompt {
-                    Some(prompt) => request_keys(prompt, block_size, &format, &mut keys),
-                    None => keys.clear(),
-                }
-                let request = RouteRequest {
-                    keys: &keys,
-                    prompt_tokens,
-                    block_size,
-                };
-                let worker = router
-                    .route(&request, policy.as_mut())
-                    .map_or(0, |decision| decision.worker as usize);
-                assigned[index] = worker;
-                let engine = &mut engines[worker];
-                engine.sim.wake_at(at);
-                engine.sim.submit(index, prompt)?;
-                // Its queued prompt tokens now include this one, so a burst
-                // of arrivals spreads before the engine next steps.
-                report_load(&router, engine)?;
-            }
-            (_, Some((i, _))) => {
-                let engine = &mut engines[i];
-                let mut feed = RouterFeed {
-                    router: &router,
-                    worker: engine.id,
-                    format: &format,
-                };
-                let changed = engine.sim.advance(Some(&mut feed))?;
-                if !changed {
-                    match arrivals.get(next) {
-                        Some(&index) => {
-                            let at = engine.sim.arrival_of(index);
-                            engine.sim.wake_at(at);
-                        }
-                        None => return Err(engine.sim.stalled()),
-                    }
-                }
-                report_load(&router, engine)?;
-            }
-            (_, None) => break,
+    let threads = Threads::new(config.threads)?;
+    let wire = Wire {
+        router: &router,
+        format: &format,
+    };
+    for index in arrivals {
+        let at = engines[0].sim.arrival_of(index);
+        // Every step that begins before the arrival, on every engine.
+        threads.run_until(&mut engines, Some(at), wire)?;
+        let prompt = engines[0].sim.prompt(index);
+        let prompt_tokens = prompt.as_ref().map_or(0, |p| p.len());
+        match &prompt {
+            Some(prompt) => request_keys(prompt, block_size, &format, &mut keys),
+            None => keys.clear(),
         }
+        let request = RouteRequest {
+            keys: &keys,
+            prompt_tokens,
+            block_size,
+        };
+        let worker = router
+            .route(&request, policy.as_mut())
+            .map_or(0, |decision| decision.worker as usize);
+        assigned[index] = worker;
+        let engine = &mut engines[worker];
+        engine.sim.wake_at(at);
+        engine.sim.submit(index, prompt)?;
+        // Its queued prompt tokens now include this one, so a burst of
+        // arrivals spreads before the engine next steps.
+        engine.report_load(&router)?;
     }
+    threads.run_until(&mut engines, None, wire)?;
     check_router(&router, &engines)?;
     report::merge(
         trace,
@@ -379,17 +369,102 @@ fn check_router(router: &Router, engines: &[Engine<'_>]) -> Result<(), SimError>
     Ok(())
 }
 
-/// Tells the router `engine`'s load.
-fn report_load(router: &Router, engine: &Engine<'_>) -> Result<(), SimError> {
-    let (active_blocks, queued_prefill_tokens, running_requests) = engine.sim.load();
-    let load = WorkerLoad {
-        active_blocks,
-        queued_prefill_tokens,
-        running_requests,
-    };
-    router
-        .set_load(engine.id, load)
-        .map_err(|error| SimError::Events {
-            reason: error.to_string(),
-        })
+impl Engine<'_> {
+    /// Steps until the engine is idle or its next step would begin at or
+    /// after `until` (never, for `None`), feeding its events and load to
+    /// the router after each step.
+    ///
+    /// A step that changes nothing waits for `until`: only an arrival can
+    /// unblock it, and without one the engine has stalled.
+    fn run_until(&mut self, until: Option<u64>, wire: Wire<'_>) -> Result<(), SimError> {
+        while !self.sim.is_idle() && until.is_none_or(|at| self.sim.now() < at) {
+            let mut feed = RouterFeed {
+                router: wire.router,
+                worker: self.id,
+                format: wire.format,
+            };
+            if !self.sim.advance(Some(&mut feed))? {
+                match until {
+                    Some(at) => self.sim.wake_at(at),
+                    None => return Err(self.sim.stalled()),
+                }
+            }
+            self.report_load(wire.router)?;
+        }
+        Ok(())
+    }
+
+    /// Tells the router this engine's load.
+    fn report_load(&self, router: &Router) -> Result<(), SimError> {
+        let (active_blocks, queued_prefill_tokens, running_requests) = self.sim.load();
+        let load = WorkerLoad {
+            active_blocks,
+            queued_prefill_tokens,
+            running_requests,
+        };
+        router
+            .set_load(self.id, load)
+            .map_err(|error| SimError::Events {
+                reason: error.to_string(),
+            })
+    }
+}
+
+/// Where an engine's events and load go.
+#[derive(Clone, Copy)]
+struct Wire<'r> {
+    router: &'r Router,
+    format: &'r WireFormat,
+}
+
+/// How the engines step between two arrivals: each on its own (nothing an
+/// engine does depends on another's steps, and the router is a concurrent
+/// index), spread over a thread pool, or in turn on this thread.
+///
+/// Either way the replay is the same: an arrival is routed only once every
+/// engine has run each step that begins before it, and the policies see
+/// the index as a set, whatever order its updates came in.
+enum Threads {
+    Here,
+    Pool(rayon::ThreadPool),
+}
+
+impl Threads {
+    /// `Some(0 | 1)` steps on this thread; `None` uses every core.
+    fn new(threads: Option<usize>) -> Result<Self, SimError> {
+        let threads = threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        });
+        if threads <= 1 {
+            return Ok(Self::Here);
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map(Self::Pool)
+            .map_err(|error| SimError::Threads {
+                reason: error.to_string(),
+            })
+    }
+
+    fn run_until(
+        &self,
+        engines: &mut [Engine<'_>],
+        until: Option<u64>,
+        wire: Wire<'_>,
+    ) -> Result<(), SimError> {
+        let due = |engine: &&mut Engine<'_>| {
+            !engine.sim.is_idle() && until.is_none_or(|at| engine.sim.now() < at)
+        };
+        match self {
+            Self::Here => (engines.iter_mut())
+                .filter(due)
+                .try_for_each(|engine| engine.run_until(until, wire)),
+            Self::Pool(pool) => pool.install(|| {
+                (engines.par_iter_mut())
+                    .filter(due)
+                    .try_for_each(|engine| engine.run_until(until, wire))
+            }),
+        }
+    }
 }

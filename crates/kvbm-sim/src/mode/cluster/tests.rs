@@ -104,15 +104,21 @@ fn kv_aware_routing_finds_more_of_the_cache_than_random() {
     }
 }
 
+/// The replay without its wall-clock time, to compare two replays.
+fn timeless(mut report: ClusterReport) -> ClusterReport {
+    for run in &mut report.runs {
+        run.replay_time = Duration::ZERO;
+    }
+    report
+}
+
 #[test]
 fn round_robin_routes_in_turn_and_replays_are_deterministic() {
     let trace = excerpt(40);
     let config = ClusterConfig::new(4, engine());
-    let mut first = replay(&trace, &config).unwrap();
-    let mut second = replay(&trace, &config).unwrap();
-    for run in first.runs.iter_mut().chain(second.runs.iter_mut()) {
-        run.replay_time = Duration::ZERO;
-    }
+    let first = timeless(replay(&trace, &config.clone().with_threads(Some(3))).unwrap());
+    let second = timeless(replay(&trace, &config.with_threads(Some(1))).unwrap());
+    // Threads change nothing: each engine steps on its own between arrivals.
     assert_eq!(first, second);
     let round_robin = &first.runs[1];
     assert_eq!(round_robin.policy, PolicyKind::RoundRobin);
@@ -158,7 +164,8 @@ proptest! {
     /// Any trace, any engine count, any policy, small pools that preempt
     /// and evict: every request ends finished or refused, the routed counts
     /// add up, and (checked inside the replay) the router's index equals
-    /// every engine's registry.
+    /// every engine's registry; stepping the engines on three threads
+    /// replays exactly what one thread does.
     #[test]
     fn every_request_ends_and_the_router_stays_in_sync(
         requests in prop::collection::vec(arbitrary_request(), 1..30),
@@ -172,7 +179,9 @@ proptest! {
             ServeConfig::new(16, Capacity::Blocks(capacity)).with_audit_every(1),
         )
         .with_policies(vec![policy]);
-        let report = replay(&trace, &config).unwrap();
+        let report = timeless(replay(&trace, &config.clone().with_threads(Some(1))).unwrap());
+        let threaded = timeless(replay(&trace, &config.with_threads(Some(3))).unwrap());
+        prop_assert_eq!(&report, &threaded, "threads changed the replay");
         let run = &report.runs[0];
         prop_assert_eq!(run.routed.iter().sum::<u64>(), trace.len() as u64);
         prop_assert!(run.requests.iter().all(|r| r.outcome != ServeOutcome::Pending));
