@@ -5,6 +5,7 @@
 //! also its own subcommand. Run `cargo xtask help` for the list.
 
 mod layers;
+mod mocker;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -84,7 +85,10 @@ fn main() -> Result<()> {
     let task = args
         .iter()
         .enumerate()
-        .find(|&(i, a)| !a.starts_with("--") && (i == 0 || args[i - 1] != "--cases"))
+        .find(|&(i, a)| {
+            !a.starts_with("--")
+                && (i == 0 || !["--cases", "--trace"].contains(&args[i - 1].as_str()))
+        })
         .map(|(_, a)| a.as_str());
 
     let sh = Shell::new()?;
@@ -96,6 +100,7 @@ fn main() -> Result<()> {
         }
         Some("ci") => ci(&sh, keep_going),
         Some("bench") => bench(&sh),
+        Some("mocker-compare") => mocker::compare(&sh, text_option(&args, "--trace")?),
         Some("fuzz") => fuzz(&sh, cases.unwrap_or(DEFAULT_FUZZ_CASES)),
         Some(name) => match GATES.iter().find(|gate| gate.name == name) {
             Some(gate) => (gate.run)(&sh),
@@ -121,10 +126,26 @@ fn help() {
         "bench"
     );
     eprintln!(
+        "  {:<12} Dynamo's mocker and kvbm-sim cluster on one trace, side by side \
+         (--trace FILE, default ../shared/traces/conversation_trace.jsonl; not part of ci)",
+        "mocker-compare"
+    );
+    eprintln!(
         "  {:<12} run every crate's API fuzzers and liveness properties long, in release \
          (--cases N per test, default {DEFAULT_FUZZ_CASES}; ci runs them at CI-sized counts)",
         "fuzz"
     );
+}
+
+/// The text after `flag`, if the flag is given.
+fn text_option<'a>(args: &'a [String], flag: &str) -> Result<Option<&'a str>> {
+    let Some(at) = args.iter().position(|a| a == flag) else {
+        return Ok(None);
+    };
+    let value = args
+        .get(at + 1)
+        .with_context(|| format!("{flag} needs a value"))?;
+    Ok(Some(value))
 }
 
 /// The value after `flag`, parsed, if the flag is given.
@@ -163,7 +184,7 @@ fn ci(sh: &Shell, keep_going: bool) -> Result<()> {
     Ok(())
 }
 
-fn cargo() -> String {
+pub(crate) fn cargo() -> String {
     env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 
@@ -228,11 +249,11 @@ const PROMETHEUS_CLIENT: &str = "prometheus_client==0.26.0";
 
 /// The consumer KV events are checked against: NVIDIA Dynamo's standalone
 /// indexer, from its Python package.
-const DYNAMO_RUNTIME: &str = "ai-dynamo-runtime==1.6.1";
+pub(crate) const DYNAMO_RUNTIME: &str = "ai-dynamo-runtime==1.6.1";
 
 /// The interop virtualenv (created on first use), with `package` installed;
 /// its Python.
-fn interop_python(sh: &Shell, package: &str) -> Result<PathBuf> {
+pub(crate) fn interop_python(sh: &Shell, package: &str) -> Result<PathBuf> {
     let venv = project_root().join("target/interop-venv");
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -364,7 +385,7 @@ fn msrv(sh: &Shell) -> Result<()> {
     Ok(())
 }
 
-fn project_root() -> PathBuf {
+pub(crate) fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")
