@@ -1,7 +1,12 @@
-//! The payload vLLM 0.33's encoder (msgspec) produces for a known batch,
-//! recorded in `shared/design/kv-events.md`: `[1.5, [BlockStored(hashes
-//! [11, 12], parent nil, tokens 1..=8, block size 4, medium "GPU"),
-//! BlockRemoved([11], "GPU"), AllBlocksCleared], nil]`.
+//! Golden payloads from vLLM 0.33's own encoder (msgspec).
+//!
+//! The first, recorded in `shared/design/kv-events.md`: `[1.5,
+//! [BlockStored(hashes [11, 12], parent nil, tokens 1..=8, block size 4,
+//! medium "GPU"), BlockRemoved([11], "GPU"), AllBlocksCleared], nil]`. The
+//! rest are files under `tests/fixtures/vllm-0.33.0/`, written by vLLM's
+//! classes from the 0.33.0 wheel (`make_golden.py` there says how): both
+//! hash forms, ranks, LoRA names, and the newer optional fields a reader
+//! must skip.
 
 use kvbm_events::{BlockHash, BlockRemoved, BlockStored, HashForm, KvEvent, KvEventBatch};
 
@@ -117,4 +122,158 @@ fn optional_fields_vllm_may_add_are_ignored() {
             medium: Some("CPU".to_owned()),
         })]
     );
+}
+
+/// Payloads written by vLLM 0.33.0's own classes and msgspec encoder
+/// (`tests/fixtures/vllm-0.33.0/make_golden.py` says how; `cases.json`
+/// there lists what each holds).
+mod vllm_fixtures {
+    use super::*;
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            (
+                $name,
+                include_bytes!(concat!("../fixtures/vllm-0.33.0/", $name, ".msgpack")) as &[u8],
+            )
+        };
+    }
+
+    fn digest(seed: u32) -> BlockHash {
+        BlockHash::Bytes(
+            (0..32)
+                .map(|i| ((seed * 7 + i) % 256) as u8)
+                .collect::<Vec<_>>()
+                .into(),
+        )
+    }
+
+    fn stored(
+        hashes: Vec<BlockHash>,
+        parent: Option<BlockHash>,
+        tokens: Vec<u32>,
+        block_size: u32,
+    ) -> BlockStored {
+        BlockStored {
+            block_hashes: hashes,
+            parent_block_hash: parent,
+            token_ids: tokens,
+            block_size,
+            lora_id: None,
+            medium: Some("GPU".to_owned()),
+            lora_name: None,
+        }
+    }
+
+    /// What each payload holds, built with kvbm-events.
+    fn expected(name: &str) -> KvEventBatch {
+        match name {
+            "stored_int_hashes" => KvEventBatch::new(
+                1_764_000_000.25,
+                vec![KvEvent::BlockStored(stored(
+                    vec![BlockHash::Int(u64::MAX), BlockHash::Int(1)],
+                    Some(BlockHash::Int(1 << 63)),
+                    (100..132).collect(),
+                    16,
+                ))],
+            ),
+            "stored_bytes_lora_rank" => KvEventBatch::new(
+                0.5,
+                vec![KvEvent::BlockStored(BlockStored {
+                    medium: Some("CPU".to_owned()),
+                    lora_name: Some("adapter-a".to_owned()),
+                    ..stored(vec![digest(1), digest(2), digest(3)], None, vec![7; 12], 4)
+                })],
+            )
+            .with_rank(3),
+            "removed_and_cleared" => KvEventBatch::new(
+                2.0,
+                vec![
+                    KvEvent::BlockRemoved(BlockRemoved {
+                        block_hashes: [5, 6, u64::MAX - 1].map(BlockHash::Int).to_vec(),
+                        medium: None,
+                    }),
+                    KvEvent::AllBlocksCleared,
+                    KvEvent::BlockRemoved(BlockRemoved {
+                        block_hashes: vec![digest(9)],
+                        medium: Some("GPU".to_owned()),
+                    }),
+                ],
+            )
+            .with_rank(0),
+            // The newer optional fields are skipped; the rest is kept.
+            "stored_with_newer_fields" => KvEventBatch::new(
+                3.0,
+                vec![
+                    KvEvent::BlockStored(BlockStored {
+                        lora_name: Some("adapter-b".to_owned()),
+                        ..stored(
+                            vec![BlockHash::Int(10), BlockHash::Int(11)],
+                            Some(BlockHash::Int(9)),
+                            (1..=8).collect(),
+                            4,
+                        )
+                    }),
+                    KvEvent::BlockRemoved(BlockRemoved {
+                        block_hashes: vec![BlockHash::Int(10)],
+                        medium: Some("GPU".to_owned()),
+                    }),
+                ],
+            ),
+            "empty" => KvEventBatch::new(4.0, vec![]),
+            other => panic!("no expectation for {other}"),
+        }
+    }
+
+    const FIXTURES: [(&str, &[u8]); 5] = [
+        fixture!("stored_int_hashes"),
+        fixture!("stored_bytes_lora_rank"),
+        fixture!("removed_and_cleared"),
+        fixture!("stored_with_newer_fields"),
+        fixture!("empty"),
+    ];
+
+    /// vLLM's bytes with msgspec's `map16` headers of small maps written as
+    /// the `fixmap` rmp-serde writes (the one byte-level difference).
+    fn with_fixmaps(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut at = 0;
+        while at < bytes.len() {
+            match bytes[at..] {
+                [0xde, 0x00, n, ..] if n < 16 => {
+                    out.push(0x80 | n);
+                    at += 3;
+                }
+                _ => {
+                    out.push(bytes[at]);
+                    at += 1;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn vllms_payloads_decode_to_what_they_hold() {
+        for (name, bytes) in FIXTURES {
+            let batch = kvbm_events::decode(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(batch, expected(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn our_payloads_are_vllms_bytes() {
+        // Every fixture but the one with fields kvbm does not write.
+        for (name, bytes) in FIXTURES {
+            let ours = kvbm_events::encode(&expected(name)).unwrap();
+            assert_eq!(
+                kvbm_events::decode(&ours).unwrap(),
+                expected(name),
+                "{name}"
+            );
+            if name != "stored_with_newer_fields" {
+                assert_eq!(ours, with_fixmaps(bytes), "{name}");
+            }
+        }
+    }
 }
