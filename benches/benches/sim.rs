@@ -31,7 +31,12 @@ use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvbm_benches::is_smoke_test;
-use kvbm_sim::{CacheSim, Capacity, Eviction, ServeConfig, Trace, Workload};
+use kvbm_blocks::EventMessage;
+use kvbm_sim::mode::serve;
+use kvbm_sim::{
+    CacheSim, Capacity, EventSink, Eviction, KvEventCounts, NoProgress, ServeConfig, SimError,
+    Trace, Workload,
+};
 
 #[path = "../examples/peer_cache_sweep.rs"]
 #[allow(dead_code)] // the example's `main` and option parsing
@@ -97,6 +102,37 @@ fn replay_kvbm(sim: &mut CacheSim, workload: &Workload) -> u64 {
     sim.hits().hit_blocks
 }
 
+/// The replay with a subscriber counting every batch, drained after each
+/// request as a publisher would; returns the stored blocks it saw.
+fn replay_kvbm_with_events(sim: &mut CacheSim, workload: &Workload) -> u64 {
+    let subscription = sim.subscribe_events(EVENT_CAPACITY);
+    let mut counts = KvEventCounts::default();
+    for request in workload.requests() {
+        if let Err(err) = sim.replay_request(&request) {
+            panic!("kvbm replay failed: {err}");
+        }
+        while let Some(message) = subscription.try_recv() {
+            counts.record(&message);
+        }
+    }
+    assert_eq!(subscription.missed_batches(), 0);
+    counts.stored_blocks
+}
+
+/// A subscription's bound in the event benches (kvbm-sim's own).
+const EVENT_CAPACITY: usize = 1024;
+
+/// A serve replay's events, counted as they come (one message per step).
+#[derive(Default)]
+struct CountingSink(KvEventCounts);
+
+impl EventSink for CountingSink {
+    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        self.0.record(message);
+        Ok(())
+    }
+}
+
 fn bench_replay(c: &mut Criterion, cases: &[Case], label: &str, capacity: impl Fn(&Case) -> usize) {
     let mut group = c.benchmark_group(format!("sim_cache_replay_{label}"));
     group.sample_size(10);
@@ -108,6 +144,14 @@ fn bench_replay(c: &mut Criterion, cases: &[Case], label: &str, capacity: impl F
             b.iter_batched(
                 || CacheSim::new(BLOCK_SIZE, blocks, Eviction::Lru).expect("cache"),
                 |mut sim| black_box(replay_kvbm(&mut sim, &case.workload)),
+                BatchSize::PerIteration,
+            );
+        });
+        // With a subscriber drained after every request: what events cost.
+        group.bench_function(BenchmarkId::new("kvbm+events", case.name), |b| {
+            b.iter_batched(
+                || CacheSim::new(BLOCK_SIZE, blocks, Eviction::Lru).expect("cache"),
+                |mut sim| black_box(replay_kvbm_with_events(&mut sim, &case.workload)),
                 BatchSize::PerIteration,
             );
         });
@@ -181,6 +225,23 @@ fn bench_serve(c: &mut Criterion, cases: &[Case], label: &str, capacity_tokens: 
                 let report = config.run(&case.requests).expect("serve replay");
                 assert_eq!(report.finished_requests(), case.requests.len() as u64);
                 black_box(report.output_tokens)
+            });
+        });
+        // With the pool's events subscribed to and drained every step (the
+        // replay thread's share of `--kv-events`; encoding and the socket
+        // run on a thread of their own there).
+        group.bench_function(BenchmarkId::new("kvbm+events", case.name), |b| {
+            b.iter(|| {
+                let mut sink = CountingSink::default();
+                let report = serve::replay_with_events(
+                    &case.requests,
+                    &config,
+                    &mut NoProgress,
+                    Some(&mut sink),
+                )
+                .expect("serve replay");
+                assert_eq!(report.finished_requests(), case.requests.len() as u64);
+                black_box((report.output_tokens, sink.0.stored_blocks))
             });
         });
     }

@@ -222,8 +222,9 @@ impl EventLog {
             hashes.push(hash);
             return;
         }
-        self.pending
-            .push(CacheEvent::Removed { hashes: vec![hash] });
+        let mut hashes = Vec::with_capacity(self.removed_hint.max(1));
+        hashes.push(hash);
+        self.pending.push(CacheEvent::Removed { hashes });
     }
 
     /// Records that the registry was emptied.
@@ -257,9 +258,13 @@ impl EventLog {
                     _ => 0,
                 })
                 .sum();
+            // A batch is a removal run and a few stored runs: room for as
+            // many events as this one had, so the next does not regrow.
+            let room = Vec::with_capacity(self.pending.len());
+            let events = std::mem::replace(&mut self.pending, room);
             Arc::new(EventBatch {
                 sequence: self.last_sequence,
-                events: std::mem::take(&mut self.pending),
+                events,
             })
         });
         let sequence = self.last_sequence;

@@ -203,11 +203,20 @@ impl CacheSim {
         // the deepest block becomes evictable before the prefix other chains
         // may still share (ImmutableBlocks' documented release order).
         drop(held);
+        // One batch per request for subscribers (an atomic load without).
+        self.manager.flush_events();
         Ok(RequestOutcome {
             hit_blocks,
             stored_blocks,
             uncached_blocks,
         })
+    }
+
+    /// Subscribes to the cache's events: one batch per replayed request
+    /// (see [`BlockManager::subscribe_events`]). Stored runs carry no token
+    /// ids: cache mode replays block hashes, not tokens.
+    pub fn subscribe_events(&self, capacity: usize) -> kvbm_blocks::EventSubscription {
+        self.manager.subscribe_events(capacity)
     }
 
     /// The hit accounting so far.
