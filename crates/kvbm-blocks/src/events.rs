@@ -191,6 +191,7 @@ impl EventLog {
     /// Records a first registration, extending the last event when it is a
     /// `Stored` run this block continues (so a batch names a sequence's new
     /// blocks in one event, as routers expect).
+    #[inline]
     pub(crate) fn stored(&mut self, hash: SequenceHash, tokens: &[u32]) {
         self.pending_blocks += 1;
         if let Some(CacheEvent::Stored {
@@ -201,7 +202,9 @@ impl EventLog {
             && hashes.last().map(|last| last.value()) == hash.parent()
         {
             hashes.push(hash);
-            run.extend_from_slice(tokens);
+            if !tokens.is_empty() {
+                run.extend_from_slice(tokens);
+            }
             return;
         }
         let (blocks, run_tokens) = self.run_hint;
@@ -216,6 +219,7 @@ impl EventLog {
     }
 
     /// Records an eviction, extending the last event when it is a `Removed`.
+    #[inline]
     pub(crate) fn removed(&mut self, hash: SequenceHash) {
         self.pending_blocks += 1;
         if let Some(CacheEvent::Removed { hashes }) = self.pending.last_mut() {
