@@ -213,13 +213,7 @@ fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
         close_sink(sink);
     }
     finish_exporter(exporter, &args.metrics)?;
-    if args.json {
-        writeln!(out, "{}", with_source(report.to_json(), &loaded))?;
-        return Ok(());
-    }
-    write_trace_summary(out, &loaded, None)?;
-    write!(out, "{report}")?;
-    Ok(())
+    write_replay(out, args.json, &loaded, report.to_json(), &report)
 }
 
 fn run_cluster(
@@ -235,11 +229,23 @@ fn run_cluster(
     if let Some(dir) = &args.out {
         report.write_to(dir)?;
     }
-    if args.json {
-        writeln!(out, "{}", with_source(report.to_json(), &loaded))?;
+    write_replay(out, args.json, &loaded, report.to_json(), &report)
+}
+
+/// A serve or cluster report: its JSON (with where the trace came from), or
+/// the trace summary and the report's table.
+fn write_replay(
+    out: &mut impl Write,
+    json: bool,
+    loaded: &Loaded,
+    report_json: serde_json::Value,
+    report: &impl std::fmt::Display,
+) -> Result<(), Failure> {
+    if json {
+        writeln!(out, "{}", with_source(report_json, loaded))?;
         return Ok(());
     }
-    write_trace_summary(out, &loaded, None)?;
+    write_trace_summary(out, loaded, None)?;
     write!(out, "{report}")?;
     Ok(())
 }

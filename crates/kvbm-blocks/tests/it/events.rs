@@ -9,7 +9,7 @@ use kvbm_blocks::{
 };
 use proptest::prelude::*;
 
-use crate::{BLOCK_SIZE, Gpu, chain, manager, register};
+use crate::{BLOCK_SIZE, Gpu, chain, manager, register, stage};
 
 /// The tokens a test block holds: derived from its hash, so a mirror can
 /// check every `Stored` carried the right ones.
@@ -24,13 +24,7 @@ fn register_with_tokens(
     manager: &BlockManager<Gpu>,
     hashes: &[SequenceHash],
 ) -> ImmutableBlocks<Gpu> {
-    let staged = manager
-        .allocate_blocks(hashes.len())
-        .expect("enough blocks")
-        .into_iter()
-        .zip(hashes)
-        .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).expect("right size"))
-        .collect();
+    let staged = stage(manager, hashes);
     let tokens: Vec<u32> = hashes.iter().flat_map(|&h| tokens_of(h)).collect();
     manager
         .register_blocks_with_tokens(staged, &tokens)

@@ -13,7 +13,9 @@ mod send_sync;
 #[cfg(not(kvbm_loom))]
 mod stress;
 
-use kvbm_blocks::{BlockManager, EvictionPolicy, ImmutableBlocks, PoolAudit, SequenceHash};
+use kvbm_blocks::{
+    BlockManager, CompleteBlock, EvictionPolicy, ImmutableBlocks, PoolAudit, SequenceHash,
+};
 
 /// The storage-tier marker used throughout the tests.
 #[derive(Debug)]
@@ -47,19 +49,28 @@ pub(crate) fn chain(first: u64, len: usize) -> Vec<SequenceHash> {
     hashes
 }
 
-/// Allocates, stages and registers one block per hash.
-pub(crate) fn register(
+/// Allocates and stages one block per hash.
+pub(crate) fn stage(
     manager: &BlockManager<Gpu>,
     hashes: &[SequenceHash],
-) -> ImmutableBlocks<Gpu> {
-    let staged = manager
+) -> Vec<CompleteBlock<Gpu>> {
+    manager
         .allocate_blocks(hashes.len())
         .expect("enough blocks")
         .into_iter()
         .zip(hashes)
         .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).expect("right size"))
-        .collect();
-    manager.register_blocks(staged).expect("same manager")
+        .collect()
+}
+
+/// Allocates, stages and registers one block per hash.
+pub(crate) fn register(
+    manager: &BlockManager<Gpu>,
+    hashes: &[SequenceHash],
+) -> ImmutableBlocks<Gpu> {
+    manager
+        .register_blocks(stage(manager, hashes))
+        .expect("same manager")
 }
 
 /// Audits the pool and checks the partition adds up.
