@@ -52,7 +52,7 @@ impl<M> Scheduler<M> {
         span.record("preempted", plan.preempted.len());
         span.record("tokens", plan.num_tokens());
         debug!("step planned");
-        self.record_metrics();
+        // Metrics are recorded once per step, when it is applied.
         Ok(plan)
     }
 

@@ -180,8 +180,10 @@ impl<M> Scheduler<M> {
         self.telemetry.handles = None;
     }
 
-    /// Records the census and the pool's state (after every `step` and
-    /// `apply`).
+    /// Records the census and the pool's state, once per step, after
+    /// `apply`: admissions, preemptions, finishes and evictions of the step
+    /// all show then. (Twice per step cost a light-load replay, one request
+    /// per step, 3.7% of its instructions with no recorder installed.)
     pub(super) fn record_metrics(&mut self) {
         let census = self.census();
         let pool = self.manager.metrics();
