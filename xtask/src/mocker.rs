@@ -2,7 +2,8 @@
 //! mocker, in `ai-dynamo-runtime`) and `kvbm-sim cluster` on the same trace
 //! and cluster, side by side: wall time, its ratio, prefix-cache hit rates.
 //!
-//! Both replay with 16 engines of 16,384 blocks of 64 tokens (the mocker's
+//! kvbm-sim runs twice, its engines on one thread (the mocker steps its
+//! workers on one) and on every core. Both replay with 16 engines of 16,384 blocks of 64 tokens (the mocker's
 //! defaults, which `kvbm-sim` is told explicitly) and route with a KV-aware
 //! and a round-robin policy. Their step-time models differ, so their TTFTs
 //! are shown but not compared; round-robin hit rates must agree (the
@@ -26,7 +27,7 @@ const CAPACITY_TOKENS: &str = "1048576";
 const PAIRS: [(&str, &str); 2] = [("kv-aware", "kv_router"), ("round-robin", "round_robin")];
 
 /// One simulator's replay under one policy.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Side {
     wall_ms: f64,
     hit_rate: f64,
@@ -54,7 +55,10 @@ fn trace_path(trace: Option<&str>) -> Result<PathBuf> {
 pub(crate) fn compare(sh: &Shell, trace: Option<&str>) -> Result<()> {
     let trace = trace_path(trace)?;
     let python = interop_python(sh, DYNAMO_RUNTIME)?;
-    let ours = kvbm_sim(sh, &trace)?;
+    // The mocker steps its workers on one thread: ours on one, and on all.
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let one = kvbm_sim(sh, &trace, 1)?;
+    let all = kvbm_sim(sh, &trace, cores)?;
     let script = project_root().join("xtask/interop/mocker_replay.py");
     let mut rows = Vec::new();
     for (policy, mode) in PAIRS {
@@ -63,12 +67,13 @@ pub(crate) fn compare(sh: &Shell, trace: Option<&str>) -> Result<()> {
             .env("DYN_LOG", "warn")
             .read()?;
         let mocker = mocker_side(&line)?;
-        let kvbm = ours
-            .iter()
-            .find(|(name, _)| name == policy)
-            .map(|(_, side)| side)
-            .with_context(|| format!("kvbm-sim reported no {policy} run"))?;
-        rows.push((policy, mocker, kvbm));
+        let find = |runs: &[(String, Side)]| {
+            (runs.iter().find(|(name, _)| name == policy))
+                .map(|(_, side)| side.clone())
+                .with_context(|| format!("kvbm-sim reported no {policy} run"))
+        };
+        let kvbm = (find(&one)?, find(&all)?);
+        rows.push((policy, mocker, kvbm.0, kvbm.1));
     }
     eprintln!(
         "\n{} engines, block {BLOCK_SIZE}, {CAPACITY_TOKENS} tokens per engine, {}",
@@ -76,48 +81,52 @@ pub(crate) fn compare(sh: &Shell, trace: Option<&str>) -> Result<()> {
         trace.display()
     );
     eprintln!(
-        "  {:<12} {:>12} {:>10} {:>7} {:>13} {:>9} {:>12} {:>10}",
+        "  {:<12} {:>11} {:>17} {:>17} {:>13} {:>9} {:>12} {:>10}",
         "policy",
         "mocker wall",
-        "kvbm wall",
-        "ratio",
+        "kvbm 1 thread",
+        format!("kvbm {cores} threads"),
         "mocker reuse",
         "kvbm hit",
         "mocker TTFT",
         "kvbm TTFT"
     );
-    for (policy, mocker, kvbm) in &rows {
+    for (policy, mocker, one, all) in &rows {
         eprintln!(
-            "  {:<12} {:>10.2} s {:>8.2} s {:>6.1}× {:>12.2}% {:>8.2}% {:>9.0} ms {:>7.0} ms",
+            "  {:<12} {:>9.2} s {:>7.2} s ({:>4.1}×) {:>7.2} s ({:>4.1}×) {:>12.2}% {:>8.2}% {:>9.0} ms {:>7.0} ms",
             policy,
             mocker.wall_ms / 1e3,
-            kvbm.wall_ms / 1e3,
-            mocker.wall_ms / kvbm.wall_ms,
+            one.wall_ms / 1e3,
+            mocker.wall_ms / one.wall_ms,
+            all.wall_ms / 1e3,
+            mocker.wall_ms / all.wall_ms,
             mocker.hit_rate * 100.0,
-            kvbm.hit_rate * 100.0,
+            all.hit_rate * 100.0,
             mocker.mean_ttft_ms,
-            kvbm.mean_ttft_ms,
+            all.mean_ttft_ms,
         );
-        if mocker.finished != kvbm.finished {
+        if mocker.finished != all.finished {
             eprintln!(
                 "  note: {policy}: the mocker finished {} requests, kvbm-sim {}",
-                mocker.finished, kvbm.finished
+                mocker.finished, all.finished
             );
         }
     }
     Ok(())
 }
 
-/// `kvbm-sim cluster` in release on `trace`: each policy's run.
-fn kvbm_sim(sh: &Shell, trace: &Path) -> Result<Vec<(String, Side)>> {
+/// `kvbm-sim cluster` in release on `trace`, its engines stepping on
+/// `threads` threads: each policy's run.
+fn kvbm_sim(sh: &Shell, trace: &Path, threads: usize) -> Result<Vec<(String, Side)>> {
     let cargo = cargo();
     cmd!(sh, "{cargo} build --quiet --release -p kvbm-sim").run()?;
     let binary = project_root().join("target/release/kvbm-sim");
     let policies = PAIRS.map(|(policy, _)| policy).join(",");
-    eprintln!("kvbm-sim cluster: {policies} ...");
+    let threads = threads.to_string();
+    eprintln!("kvbm-sim cluster: {policies}, {threads} thread(s) ...");
     let report = cmd!(
         sh,
-        "{binary} cluster --trace {trace} --engines {ENGINES} --policies {policies} --block-size {BLOCK_SIZE} --capacity-tokens {CAPACITY_TOKENS} --json"
+        "{binary} cluster --trace {trace} --engines {ENGINES} --policies {policies} --block-size {BLOCK_SIZE} --capacity-tokens {CAPACITY_TOKENS} --threads {threads} --json"
     )
     .read()?;
     let report: Value = serde_json::from_str(&report).context("kvbm-sim's JSON report")?;
