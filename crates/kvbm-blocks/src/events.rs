@@ -139,8 +139,9 @@ pub(crate) struct EventLog {
     /// capacity a new `Stored` run starts with, so it is not regrown block
     /// by block.
     run_hint: (usize, usize),
-    /// Blocks the last batch removed: the capacity a batch's `Removed`
-    /// starts with.
+    /// Blocks recent batches removed (the last one's, or half the hint
+    /// before it if more; at most a full batch): the capacity a batch's
+    /// `Removed` starts with.
     removed_hint: usize,
     subscribers: Vec<Subscriber>,
     /// The sequence number of the last batch sent.
@@ -256,15 +257,19 @@ impl EventLog {
         let batch = (!self.pending.is_empty()).then(|| {
             self.last_sequence += 1;
             self.pending_blocks = 0;
-            self.removed_hint = (self.pending.iter())
+            let removed = (self.pending.iter())
                 .map(|event| match event {
                     CacheEvent::Removed { hashes } => hashes.len(),
                     _ => 0,
                 })
                 .sum();
+            // Halving, not forgetting: a batch without evictions between
+            // two with them leaves the next removal run room to start.
+            self.removed_hint = (self.removed_hint / 2).max(removed);
             // A batch is a removal run and a few stored runs: room for as
-            // many events as this one had, so the next does not regrow.
-            let room = Vec::with_capacity(self.pending.len());
+            // many events as this one had (and a removal and a store at
+            // least), so the next does not regrow.
+            let room = Vec::with_capacity(self.pending.len().max(2));
             let events = std::mem::replace(&mut self.pending, room);
             Arc::new(EventBatch {
                 sequence: self.last_sequence,
