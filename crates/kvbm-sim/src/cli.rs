@@ -278,7 +278,8 @@ pub(crate) struct ClusterArgs {
     #[arg(long, value_name = "T", default_value_t = ClusterConfig::default().temperature)]
     pub(crate) temperature: f64,
     /// Threads the engines step on between arrivals (default: one per
-    /// core; 1 steps them in turn). The results do not depend on it.
+    /// core, at most one per engine and 256; 1 steps them in turn). The
+    /// results do not depend on it.
     #[arg(long, value_name = "N")]
     pub(crate) threads: Option<usize>,
     #[command(flatten)]

@@ -176,6 +176,28 @@ pub enum SimError {
     /// A cluster of no engines.
     #[error("a cluster needs at least one engine")]
     ZeroEngines,
+    /// More blocks over all engines than one pool may hold, or more engines
+    /// than there is memory to set up.
+    #[error(
+        "a cluster of {engines} engines of {capacity_blocks} blocks is too large \
+         (at most {max} blocks in all)"
+    )]
+    ClusterTooLarge {
+        /// Engines asked for.
+        engines: usize,
+        /// Blocks per engine.
+        capacity_blocks: usize,
+        /// The most blocks all engines may hold together.
+        max: usize,
+    },
+    /// A KV-aware routing parameter that is negative or not finite.
+    #[error("{name} must be a finite number at least 0, not {value}")]
+    InvalidRouting {
+        /// Which parameter (`overlap weight`, `temperature`).
+        name: &'static str,
+        /// What it was given.
+        value: f64,
+    },
     /// The cluster's thread pool could not be started.
     #[error("starting the cluster's threads: {reason}")]
     Threads {

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use rayon::iter::{IntoParallelRefMutIterator, ParallelIterator};
 
-use kvbm_blocks::{BlockManager, EventMessage};
+use kvbm_blocks::{BlockManager, EventMessage, MAX_BLOCKS};
 use kvbm_events::{HashForm, WireFormat};
 use kvbm_queue::Scheduler;
 use kvbm_router::{
@@ -107,8 +107,9 @@ pub struct ClusterConfig {
     /// The KV-aware policy's softmax temperature (default 0: greedy).
     pub temperature: f64,
     /// Threads the engines step on between arrivals (default `None`: one
-    /// per core; `Some(0)` or `Some(1)`: the calling thread). The replay is the same
-    /// for any count.
+    /// per core; `Some(0)` or `Some(1)`: the calling thread; never more
+    /// than one per engine, nor more than 256). The replay is the same for
+    /// any count.
     pub threads: Option<usize>,
 }
 
@@ -161,6 +162,43 @@ impl ClusterConfig {
         self
     }
 
+    /// Checks what can be checked before any engine is built: some engines,
+    /// a valid engine, and all pools together no larger than one pool may
+    /// be (so a typo in `--engines` is an error, not an exhausted machine).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::ZeroEngines`], [`SimError::InvalidRouting`] for a
+    /// negative or non-finite overlap weight or temperature,
+    /// [`SimError::ClusterTooLarge`], and [`ServeConfig::validate`]'s and
+    /// the capacity's errors.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.engines == 0 {
+            return Err(SimError::ZeroEngines);
+        }
+        for (name, value) in [
+            ("overlap weight", self.overlap_weight),
+            ("temperature", self.temperature),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(SimError::InvalidRouting { name, value });
+            }
+        }
+        self.engine.validate()?;
+        let capacity_blocks = self
+            .engine
+            .capacity
+            .resolve_bounded(self.engine.block_size)?;
+        match self.engines.checked_mul(capacity_blocks) {
+            Some(total) if total <= MAX_BLOCKS => Ok(()),
+            _ => Err(SimError::ClusterTooLarge {
+                engines: self.engines,
+                capacity_blocks,
+                max: MAX_BLOCKS,
+            }),
+        }
+    }
+
     fn policy(&self, kind: PolicyKind) -> Box<dyn Policy> {
         let seed = self.engine.seed;
         match kind {
@@ -180,9 +218,11 @@ impl ClusterConfig {
 ///
 /// # Errors
 ///
-/// [`SimError::ZeroEngines`] for no engines; as serve mode's replay for an
-/// engine that cannot be built or stalls.
+/// [`SimError::ZeroEngines`] for no engines, [`SimError::ClusterTooLarge`]
+/// when all engines together would hold more blocks than one pool may; as
+/// serve mode's replay for an engine that cannot be built or stalls.
 pub fn replay(trace: &Trace, config: &ClusterConfig) -> Result<ClusterReport, SimError> {
+    config.validate()?;
     let runs = (config.policies.iter())
         .map(|&policy| replay_policy(trace, config, policy))
         .collect::<Result<Vec<_>, _>>()?;
@@ -272,18 +312,21 @@ fn replay_policy(
     config: &ClusterConfig,
     kind: PolicyKind,
 ) -> Result<ClusterRun, SimError> {
-    if config.engines == 0 {
-        return Err(SimError::ZeroEngines);
-    }
+    config.validate()?;
     let engine_config = &config.engine;
-    engine_config.validate()?;
     let block_size = engine_config.block_size;
     let capacity_blocks = engine_config.capacity.resolve_bounded(block_size)?;
     let started = Instant::now();
     let router = Router::new();
     let format = WireFormat::new(u32::try_from(block_size).unwrap_or(u32::MAX))
         .with_hash_form(HashForm::Int64);
-    let mut engines = Vec::with_capacity(config.engines);
+    let mut engines = Vec::new();
+    // Fallible: with tiny pools, the engines themselves may not fit.
+    (engines.try_reserve_exact(config.engines)).map_err(|_| SimError::ClusterTooLarge {
+        engines: config.engines,
+        capacity_blocks,
+        max: MAX_BLOCKS,
+    })?;
     for i in 0..config.engines {
         let manager = BlockManager::<Simulated>::builder()
             .block_count(capacity_blocks)
@@ -309,7 +352,7 @@ fn replay_policy(
     arrivals.sort_by_key(|&i| trace.requests().get(i).map_or(0, |r| r.timestamp));
     let mut assigned = vec![usize::MAX; trace.len()];
     let mut keys = Vec::new();
-    let threads = Threads::new(config.threads)?;
+    let threads = Threads::new(config.threads, config.engines)?;
     let wire = Wire {
         router: &router,
         format: &format,
@@ -417,6 +460,9 @@ struct Wire<'r> {
     format: &'r WireFormat,
 }
 
+/// The most threads a cluster replay starts, whatever it is asked for.
+const MAX_THREADS: usize = 256;
+
 /// How the engines step between two arrivals: each on its own (nothing an
 /// engine does depends on another's steps, and the router is a concurrent
 /// index), spread over a thread pool, or in turn on this thread.
@@ -430,11 +476,16 @@ enum Threads {
 }
 
 impl Threads {
-    /// `Some(0 | 1)` steps on this thread; `None` uses every core.
-    fn new(threads: Option<usize>) -> Result<Self, SimError> {
-        let threads = threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
-        });
+    /// `Some(0 | 1)` steps on this thread; `None` uses every core. Never
+    /// more threads than engines (the rest would idle) nor than
+    /// [`MAX_THREADS`].
+    fn new(threads: Option<usize>, engines: usize) -> Result<Self, SimError> {
+        let threads = threads
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            })
+            .min(engines)
+            .min(MAX_THREADS);
         if threads <= 1 {
             return Ok(Self::Here);
         }

@@ -159,6 +159,25 @@ fn errors_are_one_clear_line_and_exit_code_1() {
         "block size 48 must divide",
     );
     fails_with(
+        &["cluster", "--temperature", "NaN"],
+        "temperature must be a finite number at least 0, not NaN",
+    );
+    fails_with(
+        &["cluster", "--engines", "0"],
+        "a cluster needs at least one engine",
+    );
+    fails_with(
+        &[
+            "cluster",
+            "--engines",
+            "1000000000000",
+            "--capacity-blocks",
+            "1000",
+        ],
+        "a cluster of 1000000000000 engines of 1000 blocks is too large",
+    );
+
+    fails_with(
         &[
             "sweep",
             "--out",
@@ -179,6 +198,9 @@ fn usage_errors_exit_with_code_2() {
         &["cache", "--capacity-blocks", "lots"],
         &["sweep"],
         &["frobnicate"],
+        &["cluster", "--policies", "fastest"],
+        &["cluster", "--engines", "-1"],
+        &["cluster", "--threads", "many"],
     ] {
         let output = kvbm_sim(args);
         assert_eq!(

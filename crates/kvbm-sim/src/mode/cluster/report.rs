@@ -131,7 +131,7 @@ impl ClusterReport {
 impl fmt::Display for ClusterReport {
     /// A table with one row per policy, ending in a newline.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let requests = self.runs.first().map_or(0, |run| run.hits.requests);
+        let requests = self.runs.first().map_or(0, |run| run.requests.len() as u64);
         writeln!(
             f,
             "cluster mode: {} engines, {} requests, block size {}, {} blocks per engine",
@@ -142,7 +142,7 @@ impl fmt::Display for ClusterReport {
         )?;
         writeln!(
             f,
-            "  {:<13}{:>11}{:>11}{:>11}{:>11}{:>10}{:>10}{:>10}{:>11}{:>10}",
+            "  {:<13}{:>11}{:>11}{:>11}{:>11}{:>10}{:>10}{:>10}{:>9}{:>11}{:>10}",
             "policy",
             "TTFT mean",
             "p50",
@@ -151,6 +151,7 @@ impl fmt::Display for ClusterReport {
             "TPOT",
             "hit rate",
             "finished",
+            "refused",
             "imbalance",
             "replay"
         )?;
@@ -158,7 +159,7 @@ impl fmt::Display for ClusterReport {
             let secs = |d: Duration| format!("{:.3} s", d.as_secs_f64());
             writeln!(
                 f,
-                "  {:<13}{:>11}{:>11}{:>11}{:>11}{:>10}{:>10}{:>10}{:>11}{:>10}",
+                "  {:<13}{:>11}{:>11}{:>11}{:>11}{:>10}{:>10}{:>10}{:>9}{:>11}{:>10}",
                 run.policy.name(),
                 secs(run.ttft.mean),
                 secs(run.ttft.p50),
@@ -167,6 +168,7 @@ impl fmt::Display for ClusterReport {
                 format!("{:.1} ms", run.tpot.mean.as_secs_f64() * 1e3),
                 percent(run.hits.token_hit_rate()),
                 group(run.finished_requests),
+                group(run.rejected_requests),
                 format!("{:.2}", run.load_imbalance()),
                 format!("{:.2} s", run.replay_time.as_secs_f64()),
             )?;

@@ -32,10 +32,44 @@ fn policy_names_round_trip_and_unknown_ones_are_typed() {
 }
 
 #[test]
-fn zero_engines_and_bad_engine_configs_are_typed_errors() {
+fn zero_engines_huge_clusters_and_bad_engine_configs_are_typed_errors() {
     let trace = excerpt(5);
     let none = ClusterConfig::new(0, engine());
     assert!(matches!(replay(&trace, &none), Err(SimError::ZeroEngines)));
+    // More blocks in all than one pool may hold, however it is reached:
+    // refused before anything is allocated.
+    for (engines, blocks) in [
+        (usize::MAX, 1),
+        (2, kvbm_blocks::MAX_BLOCKS as u64),
+        (1 << 20, 1 << 20),
+    ] {
+        let huge = ClusterConfig::new(engines, ServeConfig::new(16, Capacity::Blocks(blocks)));
+        assert!(
+            matches!(
+                replay(&trace, &huge),
+                Err(SimError::ClusterTooLarge { engines: e, .. }) if e == engines
+            ),
+            "{engines} x {blocks}"
+        );
+    }
+    for value in [f64::NAN, f64::INFINITY, -1.0] {
+        let weight = ClusterConfig::new(2, engine()).with_overlap_weight(value);
+        assert!(matches!(
+            replay(&trace, &weight),
+            Err(SimError::InvalidRouting {
+                name: "overlap weight",
+                ..
+            })
+        ));
+        let temperature = ClusterConfig::new(2, engine()).with_temperature(value);
+        assert!(matches!(
+            replay(&trace, &temperature),
+            Err(SimError::InvalidRouting {
+                name: "temperature",
+                ..
+            })
+        ));
+    }
     let bad_block = ClusterConfig::new(2, ServeConfig::new(7, Capacity::Tokens(1_000)));
     assert!(matches!(
         replay(&trace, &bad_block),
@@ -188,4 +222,25 @@ proptest! {
         let refused = run.requests.iter().filter(|r| !r.outcome.was_accepted()).count() as u64;
         prop_assert_eq!(run.hits.requests + refused, trace.len() as u64);
     }
+}
+
+#[test]
+fn the_table_counts_every_request_and_the_refused_ones() {
+    // 100-block pools refuse the excerpt's long prompts as too large.
+    let trace = excerpt(10);
+    let config = ClusterConfig::new(2, ServeConfig::new(16, Capacity::Blocks(100)))
+        .with_policies(vec![PolicyKind::RoundRobin]);
+    let report = replay(&trace, &config).unwrap();
+    let run = &report.runs[0];
+    assert_eq!(run.finished_requests + run.rejected_requests, 10);
+    assert!(run.rejected_requests > 0);
+    let table = report.to_string();
+    assert!(table.contains("2 engines, 10 requests,"), "{table}");
+    let row = table.lines().last().unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // policy, TTFT mean/p50/p90/p99 and TPOT (value and unit each), hit
+    // rate, then finished and refused.
+    assert_eq!(cells[0], "round-robin", "{row}");
+    assert_eq!(cells[12], run.finished_requests.to_string(), "{row}");
+    assert_eq!(cells[13], run.rejected_requests.to_string(), "{row}");
 }
