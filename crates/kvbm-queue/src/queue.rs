@@ -404,16 +404,22 @@ impl<R: Request> RequestQueue<R> {
     /// Never blocks; `max_count == 0` takes nothing and changes nothing, and a
     /// zero budget takes only requests that cost zero blocks.
     pub fn select_batch(&self, max_count: usize, budget_blocks: u64) -> Batch<R> {
-        let mut admitted = Vec::with_capacity(max_count.min(PREALLOC));
+        let empty = || Batch {
+            admitted: Vec::new(),
+            blocks: 0,
+            bypassed: 0,
+        };
         if max_count == 0 {
-            return Batch {
-                admitted,
-                blocks: 0,
-                bypassed: 0,
-            };
+            return empty();
         }
         let shared = &*self.shared;
         let mut inner = shared.lock();
+        // A scheduler asks every step, mostly of an empty queue: allocate
+        // nothing then.
+        if inner.pending.is_empty() {
+            return empty();
+        }
+        let mut admitted = Vec::with_capacity(max_count.min(PREALLOC).min(inner.pending.len()));
         let (blocks, bypassed) = batch::select(
             &mut inner.pending,
             max_count,

@@ -6,7 +6,7 @@ use tracing::debug;
 
 use super::running::Running;
 use super::{
-    EngineOutput, FinishReason, OutputsById, PendingStep, RequestId, Scheduler, SchedulerError,
+    EngineOutput, FinishReason, OutputIndex, PendingStep, RequestId, Scheduler, SchedulerError,
     StepReport,
 };
 
@@ -28,7 +28,12 @@ impl<M> Scheduler<M> {
     /// [`SchedulerError::UnexpectedToken`] or [`SchedulerError::TooManyDrafts`].
     pub fn apply(&mut self, outputs: &[EngineOutput]) -> Result<StepReport, SchedulerError> {
         let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
-        let by_id = self.check_outputs(pending, outputs)?;
+        let mut by_id = std::mem::take(&mut self.output_index);
+        if let Err(error) = self.check_outputs(pending, outputs, &mut by_id) {
+            by_id.clear();
+            self.output_index = by_id;
+            return Err(error);
+        }
         let Some(pending) = self.pending.take() else {
             return Err(SchedulerError::NoStepPending);
         };
@@ -43,7 +48,7 @@ impl<M> Scheduler<M> {
         // others in order (so the next step need not sort them again).
         let mut done = std::mem::take(&mut self.scratch.done);
         for (i, running) in self.running.iter_mut().enumerate() {
-            let Some(&output) = by_id.get(&running.id()) else {
+            let Some(output) = by_id.get(&running.id()).and_then(|&at| outputs.get(at)) else {
                 continue;
             };
             match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
@@ -58,6 +63,7 @@ impl<M> Scheduler<M> {
         }
         for &(i, reason) in done.iter().rev() {
             let finished = self.running.remove(i);
+            self.positions_stale = true;
             let generated = finished.seq.generated_tokens();
             report
                 .finished
@@ -65,6 +71,8 @@ impl<M> Scheduler<M> {
         }
         done.clear();
         self.scratch.done = done;
+        by_id.clear();
+        self.output_index = by_id;
         self.counters.generated_tokens += report.generated_tokens as u64;
         self.counters.spec_proposed_tokens += report.verified_draft_tokens as u64;
         self.counters.spec_accepted_tokens += report.accepted_draft_tokens as u64;
@@ -81,17 +89,19 @@ impl<M> Scheduler<M> {
     }
 
     /// Validates `outputs` against the plan without changing anything.
-    pub(super) fn check_outputs<'a>(
+    pub(super) fn check_outputs(
         &self,
         pending: &PendingStep,
-        outputs: &'a [EngineOutput],
-    ) -> Result<OutputsById<'a>, SchedulerError> {
-        let mut by_id = OutputsById::with_capacity_and_hasher(outputs.len(), Default::default());
-        for output in outputs {
+        outputs: &[EngineOutput],
+        by_id: &mut OutputIndex,
+    ) -> Result<(), SchedulerError> {
+        by_id.clear();
+        by_id.reserve(outputs.len());
+        for (at, output) in outputs.iter().enumerate() {
             if pending.aborted.contains(&output.id) {
                 continue;
             }
-            if by_id.insert(output.id, output).is_some() {
+            if by_id.insert(output.id, at).is_some() {
                 return Err(SchedulerError::DuplicateOutput { id: output.id });
             }
         }
@@ -100,7 +110,8 @@ impl<M> Scheduler<M> {
             let Some(work) = running.work else { continue };
             expected += 1;
             let id = running.id();
-            let output = by_id.get(&id).ok_or(SchedulerError::MissingOutput { id })?;
+            let output = (by_id.get(&id).and_then(|&at| outputs.get(at)))
+                .ok_or(SchedulerError::MissingOutput { id })?;
             match (work.samples_token(), output.token.is_some()) {
                 (true, false) => return Err(SchedulerError::MissingToken { id }),
                 (false, true) => return Err(SchedulerError::UnexpectedToken { id }),
@@ -127,6 +138,6 @@ impl<M> Scheduler<M> {
                 return Err(SchedulerError::UnexpectedOutput { id });
             }
         }
-        Ok(by_id)
+        Ok(())
     }
 }

@@ -75,6 +75,8 @@ pub struct Scheduler<M> {
     /// Where each running request is in `running`, for O(1) lookups by id;
     /// rebuilt whenever a public call changed `running`.
     positions: Positions,
+    /// Whether `running` changed since `positions` was built.
+    positions_stale: bool,
     /// Sequences of waiting requests worth keeping (preempted ones, and
     /// candidates put back with their prompt hashed), until they resume.
     parked: HashMap<RequestId, Parked<M>>,
@@ -88,6 +90,8 @@ pub struct Scheduler<M> {
     counters: Counters,
     /// Reused by `apply` so committing a step allocates nothing per request.
     scratch: Scratch,
+    /// `apply`'s index of the engine's outputs, empty between calls.
+    output_index: OutputIndex,
     /// Metric handles (no-ops without an installed recorder).
     telemetry: Telemetry,
 }
@@ -97,7 +101,9 @@ pub struct Scheduler<M> {
 type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
-type OutputsById<'a> = HashMap<RequestId, &'a EngineOutput, foldhash::fast::RandomState>;
+/// Where each request's output is in the slice `apply` was given (kept
+/// between steps so checking outputs allocates nothing).
+type OutputIndex = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// A waiting request's sequence, holding no blocks.
 struct Parked<M> {
@@ -165,6 +171,7 @@ impl<M> Scheduler<M> {
             config,
             running: Vec::new(),
             positions: Positions::default(),
+            positions_stale: false,
             parked: HashMap::new(),
             pending: None,
             next_step: 0,
@@ -172,6 +179,7 @@ impl<M> Scheduler<M> {
             blocked_head: None,
             counters: Counters::default(),
             scratch: Scratch::default(),
+            output_index: OutputIndex::default(),
             telemetry: Telemetry::default(),
         })
     }

@@ -16,6 +16,32 @@ impl<M> Scheduler<M> {
     ///
     /// [`SchedulerError::StepPending`] if the previous plan was not applied.
     pub fn step(&mut self) -> Result<StepPlan, SchedulerError> {
+        let mut plan = StepPlan::default();
+        self.step_into(&mut plan)?;
+        Ok(plan)
+    }
+
+    /// [`step`](Self::step) into a plan the caller keeps from step to step:
+    /// `plan` is overwritten (its lists cleared, their memory kept), so a
+    /// step loop allocates no plan after the first.
+    ///
+    /// ```
+    /// # use kvbm_blocks::BlockManager;
+    /// # use kvbm_queue::{InferenceRequest, RequestId, Scheduler, SchedulerConfig, StepPlan};
+    /// # let manager = BlockManager::<()>::builder().block_count(64).block_size(4).build()?;
+    /// let mut scheduler = Scheduler::new(manager, SchedulerConfig::default())?;
+    /// scheduler.submit(InferenceRequest::new(RequestId(1), vec![1, 2, 3, 4, 5], 2)).unwrap();
+    /// let mut plan = StepPlan::default();
+    /// scheduler.step_into(&mut plan)?;
+    /// assert_eq!(plan.prefill.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::StepPending`] if the previous plan was not applied
+    /// (`plan` is left as it was).
+    pub fn step_into(&mut self, plan: &mut StepPlan) -> Result<(), SchedulerError> {
         if let Some(pending) = &self.pending {
             return Err(SchedulerError::StepPending { step: pending.step });
         }
@@ -28,17 +54,18 @@ impl<M> Scheduler<M> {
             tokens = Empty
         );
         let _entered = span.enter();
-        let mut plan = StepPlan {
-            step: self.next_step,
-            ..StepPlan::default()
-        };
+        plan.step = self.next_step;
+        plan.prefill.clear();
+        plan.decode.clear();
+        plan.preempted.clear();
+        plan.finished.clear();
         // Cancelled requests leave before anything is planned for them.
         let mut cancelled = Vec::new();
         self.end_cancelled(&mut cancelled);
         let mut budget = self.config.token_budget;
-        self.schedule_running(&mut budget, &mut plan);
+        self.schedule_running(&mut budget, plan);
         if plan.preempted.is_empty() {
-            self.admit(&mut budget, &mut plan);
+            self.admit(&mut budget, plan);
         }
         self.next_step += 1;
         self.reindex();
@@ -53,7 +80,7 @@ impl<M> Scheduler<M> {
         span.record("tokens", plan.num_tokens());
         debug!("step planned");
         // Metrics are recorded once per step, when it is applied.
-        Ok(plan)
+        Ok(())
     }
 
     /// Running requests, most important first; preemption victims come from
@@ -64,6 +91,7 @@ impl<M> Scheduler<M> {
         // and preemption remove without reordering.
         if !self.running.is_sorted_by_key(order) {
             self.running.sort_by_key(order);
+            self.positions_stale = true;
         }
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
@@ -81,6 +109,7 @@ impl<M> Scheduler<M> {
                     // Alone and still out of blocks: its length outgrew the
                     // whole pool, and preempting it would only loop.
                     let done = self.running.remove(i);
+                    self.positions_stale = true;
                     debug!(id = %done.id(), "request outgrew the block pool");
                     let generated = done.seq.generated_tokens();
                     plan.finished.push(self.exit(
@@ -99,6 +128,7 @@ impl<M> Scheduler<M> {
                     // Unreachable for a consistent sequence; never panic:
                     // take the request out and keep the rest going.
                     let done = self.running.remove(i);
+                    self.positions_stale = true;
                     debug!(id = %done.id(), %err, "request failed to schedule");
                     let generated = done.seq.generated_tokens();
                     plan.finished

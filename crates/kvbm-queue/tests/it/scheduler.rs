@@ -542,3 +542,35 @@ fn a_preempted_request_waits_without_churning_the_cache() {
         assert_eq!(s.census().finished, 2);
     }
 }
+
+#[test]
+fn a_reused_plan_is_the_plan_step_returns() {
+    // Two schedulers fed the same requests, one planning into a plan it
+    // keeps (with leftovers from a foreign plan), one with fresh plans:
+    // every step plans the same, preemptions included.
+    let mut fresh = two_requests_in_a_small_pool();
+    let mut reused = two_requests_in_a_small_pool();
+    let mut plan = StepPlan {
+        step: 99,
+        preempted: vec![RequestId(7)],
+        ..StepPlan::default()
+    };
+    let mut preempted = 0;
+    while !fresh.is_idle() {
+        let expected = fresh.step().unwrap();
+        reused.step_into(&mut plan).unwrap();
+        assert_eq!(plan, expected);
+        preempted += plan.preempted.len();
+        // A second plan before the apply is refused and leaves it alone.
+        let before = plan.clone();
+        assert!(matches!(
+            reused.step_into(&mut plan),
+            Err(SchedulerError::StepPending { .. })
+        ));
+        assert_eq!(plan, before);
+        fresh.apply(&outputs(&expected)).unwrap();
+        reused.apply(&outputs(&plan)).unwrap();
+    }
+    assert!(reused.is_idle());
+    assert!(preempted > 0, "the scenario preempts");
+}

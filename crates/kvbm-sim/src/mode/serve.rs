@@ -311,6 +311,8 @@ pub(crate) struct ServeSim<'a> {
     now: u64,
     /// Engine outputs, reused every step.
     outputs: Vec<EngineOutput>,
+    /// The scheduler's plan, reused every step.
+    plan: StepPlan,
     /// Prompt tokens, reused for every request.
     prompt: Vec<u32>,
     /// Time to first token, in simulated seconds, through the `metrics`
@@ -386,6 +388,7 @@ impl<'a> ServeSim<'a> {
             tracks,
             now: 0,
             outputs: Vec::new(),
+            plan: StepPlan::default(),
             prompt: Vec::new(),
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
@@ -510,8 +513,12 @@ impl<'a> ServeSim<'a> {
         &mut self,
         sink: Option<&mut (dyn EventSink + 's)>,
     ) -> Result<bool, SimError> {
-        let plan = self.scheduler.step()?;
-        let changed = self.step(&plan)?;
+        // The plan's lists are reused from step to step.
+        let mut plan = std::mem::take(&mut self.plan);
+        self.scheduler.step_into(&mut plan)?;
+        let changed = self.step(&plan);
+        self.plan = plan;
+        let changed = changed?;
         if let (Some(tap), Some(sink)) = (&mut self.events, sink) {
             tap.pump(sink)?;
         }
