@@ -507,15 +507,14 @@ impl Threads {
         let due = |engine: &&mut Engine<'_>| {
             !engine.sim.is_idle() && until.is_none_or(|at| engine.sim.now() < at)
         };
+        let mut due: Vec<&mut Engine<'_>> = engines.iter_mut().filter(due).collect();
         match self {
-            Self::Here => (engines.iter_mut())
-                .filter(due)
-                .try_for_each(|engine| engine.run_until(until, wire)),
-            Self::Pool(pool) => pool.install(|| {
-                (engines.par_iter_mut())
-                    .filter(due)
-                    .try_for_each(|engine| engine.run_until(until, wire))
+            // One engine due (most gaps between arrivals): waking the pool
+            // would cost more than it could share.
+            Self::Pool(pool) if due.len() > 1 => pool.install(|| {
+                (due.par_iter_mut()).try_for_each(|engine| engine.run_until(until, wire))
             }),
+            _ => (due.iter_mut()).try_for_each(|engine| engine.run_until(until, wire)),
         }
     }
 }
