@@ -94,12 +94,18 @@ fn cases() -> Vec<Case> {
 }
 
 fn replay_kvbm(sim: &mut CacheSim, workload: &Workload) -> u64 {
+    replay_each(sim, workload, || {});
+    sim.hits().hit_blocks
+}
+
+/// Replays every request of `workload`, calling `after` after each.
+fn replay_each(sim: &mut CacheSim, workload: &Workload, mut after: impl FnMut()) {
     for request in workload.requests() {
         if let Err(err) = sim.replay_request(&request) {
             panic!("kvbm replay failed: {err}");
         }
+        after();
     }
-    sim.hits().hit_blocks
 }
 
 /// The replay with a subscriber counting every batch, drained after each
@@ -107,14 +113,11 @@ fn replay_kvbm(sim: &mut CacheSim, workload: &Workload) -> u64 {
 fn replay_kvbm_with_events(sim: &mut CacheSim, workload: &Workload) -> u64 {
     let subscription = sim.subscribe_events(EVENT_CAPACITY);
     let mut counts = KvEventCounts::default();
-    for request in workload.requests() {
-        if let Err(err) = sim.replay_request(&request) {
-            panic!("kvbm replay failed: {err}");
-        }
+    replay_each(sim, workload, || {
         while let Some(message) = subscription.try_recv() {
             counts.record(&message);
         }
-    }
+    });
     assert_eq!(subscription.missed_batches(), 0);
     counts.stored_blocks
 }

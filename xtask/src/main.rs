@@ -150,16 +150,13 @@ fn text_option<'a>(args: &'a [String], flag: &str) -> Result<Option<&'a str>> {
 
 /// The value after `flag`, parsed, if the flag is given.
 fn option_value(args: &[String], flag: &str) -> Result<Option<u32>> {
-    let Some(at) = args.iter().position(|a| a == flag) else {
-        return Ok(None);
-    };
-    let value = args
-        .get(at + 1)
-        .with_context(|| format!("{flag} needs a value"))?;
-    let value = value
-        .parse()
-        .with_context(|| format!("{flag} {value}: not a case count"))?;
-    Ok(Some(value))
+    text_option(args, flag)?
+        .map(|value| {
+            value
+                .parse()
+                .with_context(|| format!("{flag} {value}: not a case count"))
+        })
+        .transpose()
 }
 
 fn ci(sh: &Shell, keep_going: bool) -> Result<()> {

@@ -173,6 +173,11 @@ impl ClusterConfig {
     /// [`SimError::ClusterTooLarge`], and [`ServeConfig::validate`]'s and
     /// the capacity's errors.
     pub fn validate(&self) -> Result<(), SimError> {
+        self.capacity_blocks().map(drop)
+    }
+
+    /// [`validate`](Self::validate), answering each engine's pool size.
+    fn capacity_blocks(&self) -> Result<usize, SimError> {
         if self.engines == 0 {
             return Err(SimError::ZeroEngines);
         }
@@ -190,7 +195,7 @@ impl ClusterConfig {
             .capacity
             .resolve_bounded(self.engine.block_size)?;
         match self.engines.checked_mul(capacity_blocks) {
-            Some(total) if total <= MAX_BLOCKS => Ok(()),
+            Some(total) if total <= MAX_BLOCKS => Ok(capacity_blocks),
             _ => Err(SimError::ClusterTooLarge {
                 engines: self.engines,
                 capacity_blocks,
@@ -222,17 +227,14 @@ impl ClusterConfig {
 /// when all engines together would hold more blocks than one pool may; as
 /// serve mode's replay for an engine that cannot be built or stalls.
 pub fn replay(trace: &Trace, config: &ClusterConfig) -> Result<ClusterReport, SimError> {
-    config.validate()?;
+    let capacity_blocks = config.capacity_blocks()?;
     let runs = (config.policies.iter())
-        .map(|&policy| replay_policy(trace, config, policy))
+        .map(|&policy| replay_policy(trace, config, capacity_blocks, policy))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(ClusterReport {
         engines: config.engines,
         block_size: config.engine.block_size,
-        capacity_blocks: config
-            .engine
-            .capacity
-            .resolve_bounded(config.engine.block_size)?,
+        capacity_blocks,
         runs,
     })
 }
@@ -307,15 +309,16 @@ fn request_keys(prompt: &[u32], block_size: usize, format: &WireFormat, keys: &m
     }
 }
 
+/// One policy's replay of a validated `config` whose engines each have
+/// `capacity_blocks` blocks.
 fn replay_policy(
     trace: &Trace,
     config: &ClusterConfig,
+    capacity_blocks: usize,
     kind: PolicyKind,
 ) -> Result<ClusterRun, SimError> {
-    config.validate()?;
     let engine_config = &config.engine;
     let block_size = engine_config.block_size;
-    let capacity_blocks = engine_config.capacity.resolve_bounded(block_size)?;
     let started = Instant::now();
     let router = Router::new();
     let format = WireFormat::new(u32::try_from(block_size).unwrap_or(u32::MAX))
