@@ -8,49 +8,25 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kvbm_benches::{Xorshift, is_smoke_test, resident_bytes};
+use kvbm_benches::{Xorshift, chain_values, is_smoke_test, resident_bytes};
 
 /// Tokens per block on both sides (the peer's test helpers use 4 too).
 const BLOCK_SIZE: usize = 4;
 
-/// A chain of hash values, as (value, parent, position) parts.
-fn chain_values(rng: &mut Xorshift, len: usize) -> Vec<u64> {
-    (0..len).map(|_| rng.next_u64()).collect()
-}
-
 mod ours {
     use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
 
-    pub(crate) use kvbm_benches::ours::Gpu;
+    pub(crate) use kvbm_benches::ours::{Gpu, hashes};
 
     pub(crate) fn manager(blocks: usize) -> BlockManager<Gpu> {
         kvbm_benches::ours::manager(blocks, super::BLOCK_SIZE)
-    }
-
-    pub(crate) fn hashes(values: &[u64]) -> Vec<SequenceHash> {
-        let mut out: Vec<SequenceHash> = Vec::with_capacity(values.len());
-        for &value in values {
-            let next = match out.last() {
-                Some(parent) => parent.child(value.into()),
-                None => SequenceHash::root(value.into()),
-            };
-            out.push(next);
-        }
-        out
     }
 
     pub(crate) fn register(
         manager: &BlockManager<Gpu>,
         hashes: &[SequenceHash],
     ) -> ImmutableBlocks<Gpu> {
-        let staged = manager
-            .allocate_blocks(hashes.len())
-            .expect("room")
-            .into_iter()
-            .zip(hashes)
-            .map(|(block, &hash)| block.stage(hash, super::BLOCK_SIZE).expect("size"))
-            .collect();
-        manager.register_blocks(staged).expect("same manager")
+        kvbm_benches::ours::register(manager, hashes)
     }
 }
 
@@ -58,32 +34,17 @@ mod peer {
     use dynamo_tokens::PositionalLineageHash;
     use kvbm_logical::{BlockManager, ImmutableBlock};
 
+    pub(crate) use kvbm_benches::peer::hashes;
+
     pub(crate) fn manager(blocks: usize) -> BlockManager<()> {
         kvbm_benches::peer::manager(blocks, super::BLOCK_SIZE)
-    }
-
-    pub(crate) fn hashes(values: &[u64]) -> Vec<PositionalLineageHash> {
-        let mut out = Vec::with_capacity(values.len());
-        let mut parent = None;
-        for (position, &value) in values.iter().enumerate() {
-            out.push(PositionalLineageHash::new(value, parent, position as u64));
-            parent = Some(value);
-        }
-        out
     }
 
     pub(crate) fn register(
         manager: &BlockManager<()>,
         hashes: &[PositionalLineageHash],
     ) -> Vec<ImmutableBlock<()>> {
-        let staged = manager
-            .allocate_blocks(hashes.len())
-            .expect("room")
-            .into_iter()
-            .zip(hashes)
-            .map(|(block, &hash)| block.stage(hash, super::BLOCK_SIZE).expect("size"))
-            .collect();
-        manager.register_blocks(staged)
+        kvbm_benches::peer::register(manager, hashes, super::BLOCK_SIZE)
     }
 }
 

@@ -45,11 +45,43 @@ pub fn random_tokens(seed: u64, len: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A chain of `len` random hash values.
+pub fn chain_values(rng: &mut Xorshift, len: usize) -> Vec<u64> {
+    (0..len).map(|_| rng.next_u64()).collect()
+}
+
 /// Building our side of a comparison.
 pub mod ours {
+    use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
+
     /// The storage-tier marker every kvbm benchmark uses.
     #[derive(Debug)]
     pub struct Gpu;
+
+    /// The chained hashes of `values`, first block first.
+    pub fn hashes(values: &[u64]) -> Vec<SequenceHash> {
+        let mut out: Vec<SequenceHash> = Vec::with_capacity(values.len());
+        for &value in values {
+            let next = match out.last() {
+                Some(parent) => parent.child(value.into()),
+                None => SequenceHash::root(value.into()),
+            };
+            out.push(next);
+        }
+        out
+    }
+
+    /// Allocates, stages and registers one block per hash.
+    pub fn register(manager: &BlockManager<Gpu>, hashes: &[SequenceHash]) -> ImmutableBlocks<Gpu> {
+        let staged = manager
+            .allocate_blocks(hashes.len())
+            .expect("room")
+            .into_iter()
+            .zip(hashes)
+            .map(|(block, &hash)| block.stage(hash, manager.block_size()).expect("size"))
+            .collect();
+        manager.register_blocks(staged).expect("same manager")
+    }
 
     /// A kvbm LRU pool.
     pub fn manager(blocks: usize, block_size: usize) -> kvbm_blocks::BlockManager<Gpu> {
@@ -64,6 +96,36 @@ pub mod ours {
 /// Building the peer's side of a comparison: kvbm-logical 1.6.1 configured
 /// like ours (LRU inactive pool, a plain registry, no frequency tracker).
 pub mod peer {
+    use dynamo_tokens::PositionalLineageHash;
+    use kvbm_logical::{BlockManager, ImmutableBlock};
+
+    /// The peer's hashes of `values`: the same values, lineage attached.
+    pub fn hashes(values: &[u64]) -> Vec<PositionalLineageHash> {
+        let mut out = Vec::with_capacity(values.len());
+        let mut parent = None;
+        for (position, &value) in values.iter().enumerate() {
+            out.push(PositionalLineageHash::new(value, parent, position as u64));
+            parent = Some(value);
+        }
+        out
+    }
+
+    /// Allocates, stages and registers one block per hash.
+    pub fn register(
+        manager: &BlockManager<()>,
+        hashes: &[PositionalLineageHash],
+        block_size: usize,
+    ) -> Vec<ImmutableBlock<()>> {
+        let staged = manager
+            .allocate_blocks(hashes.len())
+            .expect("room")
+            .into_iter()
+            .zip(hashes)
+            .map(|(block, &hash)| block.stage(hash, block_size).expect("size"))
+            .collect();
+        manager.register_blocks(staged)
+    }
+
     /// A kvbm-logical LRU pool.
     pub fn manager(blocks: usize, block_size: usize) -> kvbm_logical::BlockManager<()> {
         kvbm_logical::BlockManager::<()>::builder()

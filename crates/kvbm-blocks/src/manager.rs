@@ -9,7 +9,7 @@ use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock};
 use crate::pool::Shared;
 use crate::sync::Arc;
 use crate::{
-    BlockError, BlockManagerBuilder, CompleteBlock, DuplicatePolicy, EventSubscription,
+    BlockError, BlockId, BlockManagerBuilder, CompleteBlock, DuplicatePolicy, EventSubscription,
     EvictionPolicy, PoolAudit, PoolMetrics, Rejected, SequenceHash,
 };
 
@@ -62,8 +62,7 @@ impl<M> BlockManager<M> {
     /// [`BlockError::InsufficientBlocks`] (with the available count) if not
     /// enough are free or evictable now. Nothing is allocated or evicted then.
     pub fn allocate_blocks(&self, count: usize) -> Result<Vec<MutableBlock<M>>, BlockError> {
-        self.allocate_blocks_with_evictions(count)
-            .map(|allocation| allocation.blocks)
+        self.allocate_ids(count, |_| {}).map(|ids| self.leases(ids))
     }
 
     /// Like [`allocate_blocks`](Self::allocate_blocks), also reporting the
@@ -77,19 +76,34 @@ impl<M> BlockManager<M> {
         count: usize,
     ) -> Result<Allocation<M>, BlockError> {
         let mut evicted = Vec::new();
+        let ids = self.allocate_ids(count, |hash| evicted.push(hash))?;
+        trace!(count, evicted = evicted.len(), "allocated");
+        Ok(Allocation {
+            blocks: self.leases(ids),
+            evicted,
+        })
+    }
+
+    /// Takes `count` block ids from the pool under one lock.
+    fn allocate_ids(
+        &self,
+        count: usize,
+        on_evicted: impl FnMut(SequenceHash),
+    ) -> Result<Vec<BlockId>, BlockError> {
         let ids = {
             let mut pool = self.shared.lock();
-            let ids = pool.allocate(count, &mut evicted);
+            let ids = pool.allocate(count, on_evicted);
             pool.flush_if_full();
             ids
         };
-        let ids = ids.inspect_err(|err| debug!(count, %err, "allocation refused"))?;
-        trace!(count, evicted = evicted.len(), "allocated");
-        let blocks = ids
-            .into_iter()
+        ids.inspect_err(|err| debug!(count, %err, "allocation refused"))
+    }
+
+    /// Wraps freshly allocated ids in handles that free them when dropped.
+    fn leases(&self, ids: Vec<BlockId>) -> Vec<MutableBlock<M>> {
+        ids.into_iter()
             .map(|id| MutableBlock::new(Lease::new(self.shared.clone(), id)))
-            .collect();
-        Ok(Allocation { blocks, evicted })
+            .collect()
     }
 
     /// Publishes a complete block: it becomes matchable by every request.

@@ -1,10 +1,23 @@
 //! Intrusive doubly linked lists over block slots: O(1) push, unlink and pop
 //! with two `u32` links per block and no allocation after construction.
+//! A slot's two links sit side by side (one bounds check, one cache line).
 
 use crate::BlockId;
 
 const NIL: u32 = u32::MAX;
 const NO_LIST: u8 = u8::MAX;
+
+/// A slot's neighbours in its list (`NIL` at the ends).
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    prev: u32,
+    next: u32,
+}
+
+const UNLINKED: Link = Link {
+    prev: NIL,
+    next: NIL,
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Ends {
@@ -17,8 +30,7 @@ struct Ends {
 /// most one list at a time. Heads are the cold (evict-first) ends.
 #[derive(Debug)]
 pub(crate) struct SlotLists {
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    links: Vec<Link>,
     owner: Vec<u8>,
     lists: Vec<Ends>,
 }
@@ -27,8 +39,7 @@ impl SlotLists {
     pub(crate) fn new(slots: usize, lists: usize) -> Self {
         debug_assert!(lists < usize::from(NO_LIST));
         Self {
-            prev: vec![NIL; slots],
-            next: vec![NIL; slots],
+            links: vec![UNLINKED; slots],
             owner: vec![NO_LIST; slots],
             lists: vec![
                 Ends {
@@ -59,11 +70,13 @@ impl SlotLists {
         debug_assert_eq!(self.owner[id.index()], NO_LIST, "{id} already listed");
         let i = id.get();
         let ends = &mut self.lists[list];
-        self.prev[i as usize] = ends.tail;
-        self.next[i as usize] = NIL;
+        self.links[i as usize] = Link {
+            prev: ends.tail,
+            next: NIL,
+        };
         match ends.tail {
             NIL => ends.head = i,
-            tail => self.next[tail as usize] = i,
+            tail => self.links[tail as usize].next = i,
         }
         ends.tail = i;
         ends.len += 1;
@@ -75,11 +88,13 @@ impl SlotLists {
         debug_assert_eq!(self.owner[id.index()], NO_LIST, "{id} already listed");
         let i = id.get();
         let ends = &mut self.lists[list];
-        self.next[i as usize] = ends.head;
-        self.prev[i as usize] = NIL;
+        self.links[i as usize] = Link {
+            prev: NIL,
+            next: ends.head,
+        };
         match ends.head {
             NIL => ends.tail = i,
-            head => self.prev[head as usize] = i,
+            head => self.links[head as usize].prev = i,
         }
         ends.head = i;
         ends.len += 1;
@@ -90,19 +105,17 @@ impl SlotLists {
     pub(crate) fn unlink(&mut self, id: BlockId) -> Option<usize> {
         let list = self.list_of(id)?;
         let i = id.index();
-        let (prev, next) = (self.prev[i], self.next[i]);
+        let Link { prev, next } = std::mem::replace(&mut self.links[i], UNLINKED);
         let ends = &mut self.lists[list];
         match prev {
             NIL => ends.head = next,
-            prev => self.next[prev as usize] = next,
+            prev => self.links[prev as usize].next = next,
         }
         match next {
             NIL => ends.tail = prev,
-            next => self.prev[next as usize] = prev,
+            next => self.links[next as usize].prev = prev,
         }
         ends.len -= 1;
-        self.prev[i] = NIL;
-        self.next[i] = NIL;
         self.owner[i] = NO_LIST;
         Some(list)
     }

@@ -41,6 +41,12 @@ pub struct BlockInfo {
 impl BlockInfo {
     pub(crate) fn new(id: BlockId, epoch: u32, hash: SequenceHash) -> Self {
         let (value, _parent, position) = hash.to_raw();
+        Self::from_raw(id, epoch, value, position)
+    }
+
+    /// From a slot's raw fields (value halves, low first).
+    #[inline]
+    pub(crate) fn from_raw(id: BlockId, epoch: u32, value: [u64; 2], position: u32) -> Self {
         Self {
             value,
             position,

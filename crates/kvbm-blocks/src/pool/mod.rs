@@ -8,8 +8,10 @@
 //!
 //! [`ImmutableBlocks`]: crate::ImmutableBlocks
 
+mod free;
 mod registry;
 
+use self::free::FreeList;
 use self::registry::Registry;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -106,6 +108,7 @@ struct Slot {
     position: u32,
     /// Handles pinning a registered or duplicate block. Sticky at `u32::MAX`:
     /// a block cloned four billion times stays pinned rather than wrapping.
+    /// While the slot is `Free`, the next free slot instead ([`FreeList`]).
     refs: u32,
     /// Bumped whenever the slot stops holding registered content, so a
     /// `WeakBlock` from before cannot upgrade into the slot's next life.
@@ -153,7 +156,7 @@ struct Counters {
 pub(crate) struct PoolState {
     slots: Vec<Slot>,
     /// A stack: the most recently freed block is reused first (warm in cache).
-    free: Vec<BlockId>,
+    free: FreeList,
     /// Chained hash value to the registered block holding it.
     registry: Registry,
     inactive: InactivePool,
@@ -177,10 +180,7 @@ impl PoolState {
         let mut slots = Vec::new();
         slots.try_reserve_exact(total).map_err(out_of_memory)?;
         slots.resize(total, empty);
-        let mut free = Vec::new();
-        free.try_reserve_exact(total).map_err(out_of_memory)?;
-        // Reversed so that allocation pops block 0 first.
-        free.extend((0..total as u32).rev().map(BlockId::new));
+        let free = FreeList::all(&mut slots);
         Ok(Self {
             slots,
             free,
@@ -198,11 +198,12 @@ impl PoolState {
     }
 
     /// Takes `n` blocks, all or nothing: free ones first, then cached ones in
-    /// eviction order, whose hashes are appended to `evicted`.
+    /// eviction order, whose hashes go to `on_evicted` (a caller that does
+    /// not want them collects nothing).
     pub(crate) fn allocate(
         &mut self,
         n: usize,
-        evicted: &mut Vec<SequenceHash>,
+        mut on_evicted: impl FnMut(SequenceHash),
     ) -> Result<Vec<BlockId>, BlockError> {
         let total = self.slots.len();
         if n > total {
@@ -219,21 +220,24 @@ impl PoolState {
             });
         }
         let mut ids = Vec::with_capacity(n);
-        let from_free = n.min(self.free.len());
-        let split = self.free.len() - from_free;
-        ids.extend(self.free.drain(split..).rev());
+        for _ in 0..n.min(self.free.len()) {
+            match self.free.pop(&mut self.slots) {
+                Some(id) => ids.push(id),
+                None => break,
+            }
+        }
         while ids.len() < n {
             // `available` counted every cached block, so this always finds one.
             let Some((id, hash)) = self.evict_one() else {
                 break;
             };
-            evicted.push(hash);
+            on_evicted(hash);
             ids.push(id);
         }
         if ids.len() < n {
             let available = ids.len();
             for id in ids {
-                self.free.push(id);
+                self.free.push(&mut self.slots, id);
             }
             return Err(BlockError::InvariantViolated(format!(
                 "inactive pool yielded {available} of the {n} blocks it counted"
@@ -270,7 +274,7 @@ impl PoolState {
         let slot = &mut self.slots[id.index()];
         debug_assert_eq!(slot.state, SlotState::Held);
         slot.state = SlotState::Free;
-        self.free.push(id);
+        self.free.push(&mut self.slots, id);
     }
 
     /// Registers a held block under `hash`, returning the block that now
@@ -319,26 +323,27 @@ impl PoolState {
     }
 
     /// Takes a reference to a registered block, reviving it from the cache.
+    #[inline]
     fn acquire(&mut self, id: BlockId) -> BlockInfo {
         let slot = &mut self.slots[id.index()];
         if slot.refs == 0 {
             self.inactive.remove(id);
         }
         slot.refs = slot.refs.saturating_add(1);
-        BlockInfo::new(id, slot.epoch, slot.hash())
+        // Built from the slot's fields: the parent is not needed.
+        BlockInfo::from_raw(id, slot.epoch, slot.value, slot.position)
     }
 
     /// Appends the longest registered prefix of `hashes` to `out`, taking a
     /// reference to each block.
     pub(crate) fn match_prefix(&mut self, hashes: &[SequenceHash], out: &mut Vec<BlockInfo>) {
         let before = out.len();
-        for hash in hashes {
-            let Some(id) = self.registered(hash.value()) else {
-                break;
-            };
+        out.reserve(hashes.len());
+        out.extend(hashes.iter().map_while(|hash| {
+            let id = self.registered(hash.value())?;
             self.inactive.on_hit(*hash);
-            out.push(self.acquire(id));
-        }
+            Some(self.acquire(id))
+        }));
         self.counters.match_requested += hashes.len() as u64;
         self.counters.match_hit += (out.len() - before) as u64;
     }
@@ -363,6 +368,7 @@ impl PoolState {
     }
 
     /// Drops one reference; the last one caches (or frees) the block.
+    #[inline]
     pub(crate) fn release(&mut self, id: BlockId) {
         let slot = &mut self.slots[id.index()];
         debug_assert!(slot.refs > 0, "{id} released without a reference");
@@ -373,12 +379,20 @@ impl PoolState {
         if slot.refs > 0 {
             return;
         }
+        self.release_last(id);
+    }
+
+    /// The last reference to `id` is gone: caches or frees it. Out of line,
+    /// so the common case (another handle remains) inlines into batch drops.
+    #[inline(never)]
+    fn release_last(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
         match slot.state {
             SlotState::Registered => self.inactive.insert(id, slot.hash()),
             SlotState::Duplicate => {
                 slot.state = SlotState::Free;
                 slot.epoch = slot.epoch.wrapping_add(1);
-                self.free.push(id);
+                self.free.push(&mut self.slots, id);
             }
             SlotState::Free | SlotState::Held => {
                 debug_assert!(false, "{id} referenced in state {:?}", slot.state);
@@ -419,7 +433,7 @@ impl PoolState {
         };
         let mut evicted = Vec::with_capacity(self.inactive.len());
         while let Some((id, hash)) = self.evict_one() {
-            self.free.push(id);
+            self.free.push(&mut self.slots, id);
             evicted.push(hash);
         }
         if let Some(mut log) = log {
@@ -496,10 +510,18 @@ impl PoolState {
         let fail = |msg: String| Err(BlockError::InvariantViolated(msg));
         let mut audit = PoolAudit::default();
         let mut on_free_list = vec![false; self.slots.len()];
-        for id in &self.free {
+        let mut listed = 0;
+        for id in self.free.walk(&self.slots) {
             if std::mem::replace(&mut on_free_list[id.index()], true) {
                 return fail(format!("{id} is on the free list twice"));
             }
+            listed += 1;
+        }
+        if listed != self.free.len() {
+            return fail(format!(
+                "the free list links {listed} blocks and counts {}",
+                self.free.len()
+            ));
         }
         for (index, slot) in self.slots.iter().enumerate() {
             let id = BlockId::new(index as u32);

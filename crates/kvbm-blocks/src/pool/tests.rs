@@ -5,7 +5,7 @@ use super::*;
 
 fn pool_with_registered_block() -> PoolState {
     let mut pool = PoolState::new(4, EvictionPolicy::Lru, DuplicatePolicy::Deduplicate).unwrap();
-    let ids = pool.allocate(2, &mut Vec::new()).unwrap();
+    let ids = pool.allocate(2, |_| {}).unwrap();
     pool.register(ids[0], SequenceHash::root(7), &[]);
     pool.register(ids[1], SequenceHash::root(8), &[]);
     pool.release(ids[1]); // cached
@@ -36,15 +36,22 @@ fn a_consistent_pool_passes() {
 #[test]
 fn a_block_free_listed_twice_is_caught() {
     let mut pool = pool_with_registered_block();
-    let id = pool.free[0];
-    pool.free.push(id);
+    // Blocks 2 then 3 are free; 3 linking back to 2 lists 2 twice.
+    pool.slots[3].refs = 2;
     assert!(violation(&pool).contains("on the free list twice"));
+}
+
+#[test]
+fn a_free_list_that_ends_early_is_caught() {
+    let mut pool = pool_with_registered_block();
+    pool.slots[2].refs = u32::MAX;
+    assert!(violation(&pool).contains("links 1 blocks and counts 2"));
 }
 
 #[test]
 fn a_held_block_on_the_free_list_is_caught() {
     let mut pool = pool_with_registered_block();
-    pool.free.push(BlockId::new(0));
+    pool.slots[2].state = SlotState::Held; // still linked
     assert!(violation(&pool).contains("free-listed"));
 }
 
@@ -65,9 +72,9 @@ fn a_pinned_block_in_the_cache_is_caught() {
 #[test]
 fn an_unreferenced_duplicate_is_caught() {
     let mut pool = pool_with_registered_block();
+    assert_eq!(pool.free.pop(&mut pool.slots), Some(BlockId::new(2)));
     let slot = &mut pool.slots[2];
     slot.state = SlotState::Duplicate;
-    pool.free.retain(|&id| id != BlockId::new(2));
     assert!(violation(&pool).contains("duplicate"));
 }
 
