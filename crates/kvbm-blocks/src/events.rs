@@ -133,7 +133,11 @@ struct Subscriber {
 
 /// The pending events and the subscribers, kept in the pool's state.
 pub(crate) struct EventLog {
+    /// Finished events, oldest first; `open` comes after them.
     pending: Vec<CacheEvent>,
+    /// The newest event while it may still grow, kept out of `pending` so
+    /// that adding a block to it reaches into no list.
+    open: OpenRun,
     pending_blocks: usize,
     /// Blocks and tokens the registration under way may still store: the
     /// capacity a new `Stored` run starts with, so it is not regrown block
@@ -146,6 +150,80 @@ pub(crate) struct EventLog {
     subscribers: Vec<Subscriber>,
     /// The sequence number of the last batch sent.
     last_sequence: u64,
+    /// The last batch sent, kept so that once every subscriber has dropped
+    /// it, its allocation and buffers serve the next batch.
+    last_batch: Option<Arc<EventBatch>>,
+    spares: Spares,
+}
+
+/// A run of blocks the next registration or eviction may extend.
+enum OpenRun {
+    None,
+    Stored {
+        hashes: Vec<SequenceHash>,
+        tokens: Vec<u32>,
+        /// The last hash's value: a block whose parent it is continues the run.
+        tail: u128,
+    },
+    Removed {
+        hashes: Vec<SequenceHash>,
+    },
+}
+
+/// Emptied buffers of batches every subscriber dropped, for new runs. A
+/// subscriber that keeps up then costs no allocation per batch.
+#[derive(Default)]
+struct Spares {
+    hashes: Vec<Vec<SequenceHash>>,
+    tokens: Vec<Vec<u32>>,
+}
+
+/// Spare buffers kept per kind, and the largest kept: enough for a batch of
+/// a busy step, small enough that the spares stay a few hundred KiB.
+const MAX_SPARES: usize = 64;
+const MAX_SPARE_LEN: usize = 4_096;
+
+impl Spares {
+    /// Takes apart a batch's events, keeping their buffers.
+    fn reclaim(&mut self, events: &mut Vec<CacheEvent>) {
+        for event in events.drain(..) {
+            match event {
+                CacheEvent::Stored { hashes, tokens } => {
+                    keep(&mut self.hashes, hashes);
+                    keep(&mut self.tokens, tokens);
+                }
+                CacheEvent::Removed { hashes } => keep(&mut self.hashes, hashes),
+                CacheEvent::Cleared => {}
+            }
+        }
+    }
+
+    fn hashes(&mut self, capacity: usize) -> Vec<SequenceHash> {
+        take(&mut self.hashes, capacity)
+    }
+
+    fn tokens(&mut self, capacity: usize) -> Vec<u32> {
+        match capacity {
+            0 => Vec::new(),
+            _ => take(&mut self.tokens, capacity),
+        }
+    }
+}
+
+fn keep<T>(spares: &mut Vec<Vec<T>>, mut buffer: Vec<T>) {
+    if spares.len() < MAX_SPARES && (1..=MAX_SPARE_LEN).contains(&buffer.capacity()) {
+        buffer.clear();
+        spares.push(buffer);
+    }
+}
+
+/// A spare with room for `capacity`, or a new buffer (growing a spare
+/// would copy it for nothing).
+fn take<T>(spares: &mut Vec<Vec<T>>, capacity: usize) -> Vec<T> {
+    match spares.last() {
+        Some(spare) if spare.capacity() >= capacity => spares.pop().unwrap_or_default(),
+        _ => Vec::with_capacity(capacity),
+    }
 }
 
 impl std::fmt::Debug for EventLog {
@@ -162,11 +240,14 @@ impl EventLog {
     pub(crate) fn new() -> Self {
         Self {
             pending: Vec::new(),
+            open: OpenRun::None,
             pending_blocks: 0,
             run_hint: (0, 0),
             removed_hint: 0,
             subscribers: Vec::new(),
             last_sequence: 0,
+            last_batch: None,
+            spares: Spares::default(),
         }
     }
 
@@ -195,46 +276,63 @@ impl EventLog {
     #[inline]
     pub(crate) fn stored(&mut self, hash: SequenceHash, tokens: &[u32]) {
         self.pending_blocks += 1;
-        if let Some(CacheEvent::Stored {
+        if let OpenRun::Stored {
             hashes,
             tokens: run,
-        }) = self.pending.last_mut()
+            tail,
+        } = &mut self.open
+            && Some(*tail) == hash.parent()
             && run.is_empty() == tokens.is_empty()
-            && hashes.last().map(|last| last.value()) == hash.parent()
         {
             hashes.push(hash);
+            *tail = hash.value();
             if !tokens.is_empty() {
                 run.extend_from_slice(tokens);
             }
             return;
         }
+        self.close_run();
         let (blocks, run_tokens) = self.run_hint;
-        let mut hashes = Vec::with_capacity(blocks.max(1));
+        let mut hashes = self.spares.hashes(blocks.max(1));
         hashes.push(hash);
-        let mut run = Vec::with_capacity(run_tokens.max(tokens.len()));
+        let mut run = self.spares.tokens(run_tokens.max(tokens.len()));
         run.extend_from_slice(tokens);
-        self.pending.push(CacheEvent::Stored {
+        self.open = OpenRun::Stored {
             hashes,
             tokens: run,
-        });
+            tail: hash.value(),
+        };
     }
 
     /// Records an eviction, extending the last event when it is a `Removed`.
     #[inline]
     pub(crate) fn removed(&mut self, hash: SequenceHash) {
         self.pending_blocks += 1;
-        if let Some(CacheEvent::Removed { hashes }) = self.pending.last_mut() {
+        if let OpenRun::Removed { hashes } = &mut self.open {
             hashes.push(hash);
             return;
         }
-        let mut hashes = Vec::with_capacity(self.removed_hint.max(1));
+        self.close_run();
+        let mut hashes = self.spares.hashes(self.removed_hint.max(1));
         hashes.push(hash);
-        self.pending.push(CacheEvent::Removed { hashes });
+        self.open = OpenRun::Removed { hashes };
     }
 
     /// Records that the registry was emptied.
     pub(crate) fn cleared(&mut self) {
+        self.close_run();
         self.pending.push(CacheEvent::Cleared);
+    }
+
+    /// Moves the open run, if any, to the end of `pending`.
+    fn close_run(&mut self) {
+        match std::mem::replace(&mut self.open, OpenRun::None) {
+            OpenRun::None => {}
+            OpenRun::Stored { hashes, tokens, .. } => {
+                self.pending.push(CacheEvent::Stored { hashes, tokens });
+            }
+            OpenRun::Removed { hashes } => self.pending.push(CacheEvent::Removed { hashes }),
+        }
     }
 
     /// Whether the pending events are due for a flush of their own.
@@ -254,6 +352,7 @@ impl EventLog {
     /// up, and `snapshot` (the registered set after them) to those owed a
     /// resync. Forgets subscribers that hung up; returns whether any remain.
     pub(crate) fn flush(&mut self, snapshot: Option<Vec<SequenceHash>>) -> bool {
+        self.close_run();
         let batch = (!self.pending.is_empty()).then(|| {
             self.last_sequence += 1;
             self.pending_blocks = 0;
@@ -266,15 +365,7 @@ impl EventLog {
             // Halving, not forgetting: a batch without evictions between
             // two with them leaves the next removal run room to start.
             self.removed_hint = (self.removed_hint / 2).max(removed);
-            // A batch is a removal run and a few stored runs: room for as
-            // many events as this one had (and a removal and a store at
-            // least), so the next does not regrow.
-            let room = Vec::with_capacity(self.pending.len().max(2));
-            let events = std::mem::replace(&mut self.pending, room);
-            Arc::new(EventBatch {
-                sequence: self.last_sequence,
-                events,
-            })
+            self.next_batch()
         });
         let sequence = self.last_sequence;
         self.subscribers.retain_mut(|subscriber| {
@@ -319,6 +410,34 @@ impl EventLog {
             }
         });
         !self.subscribers.is_empty()
+    }
+}
+
+impl EventLog {
+    /// The pending events as the next batch: in the last batch's allocation
+    /// when every subscriber has dropped it (its buffers become spares),
+    /// in a new one otherwise.
+    fn next_batch(&mut self) -> Arc<EventBatch> {
+        let sequence = self.last_sequence;
+        if let Some(mut batch) = self.last_batch.take()
+            && let Some(last) = Arc::get_mut(&mut batch)
+        {
+            self.spares.reclaim(&mut last.events);
+            last.sequence = sequence;
+            std::mem::swap(&mut last.events, &mut self.pending);
+            self.last_batch = Some(batch.clone());
+            return batch;
+        }
+        // A batch is a removal run and a few stored runs: room for as many
+        // events as this one had (and a removal and a store at least), so
+        // the next does not regrow.
+        let room = Vec::with_capacity(self.pending.len().max(2));
+        let batch = Arc::new(EventBatch {
+            sequence,
+            events: std::mem::replace(&mut self.pending, room),
+        });
+        self.last_batch = Some(batch.clone());
+        batch
     }
 }
 

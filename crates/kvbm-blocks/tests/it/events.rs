@@ -197,6 +197,51 @@ fn batches_are_numbered_per_flush_and_empty_flushes_send_nothing() {
 }
 
 #[test]
+fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean() {
+    let manager = manager(8);
+    let subscription = manager.subscribe_events(8);
+    subscription.drain();
+    let first_chain = chain(1, 2);
+    let first_blocks = register_with_tokens(&manager, &first_chain);
+    manager.flush_events();
+    let Some(EventMessage::Batch(kept)) = subscription.try_recv() else {
+        panic!("a batch");
+    };
+    let kept_events = kept.events.clone();
+    // The log cannot take back a batch this subscriber still holds.
+    let second_blocks = register_with_tokens(&manager, &chain(20, 1));
+    manager.flush_events();
+    let second = batch_events(subscription.try_recv());
+    assert_eq!(kept.events, kept_events, "a kept batch is untouched");
+    assert_eq!(second.len(), 1);
+    drop(kept);
+    // Now every holder dropped the latest batch: the next one reuses its
+    // buffers and must carry only its own events.
+    drop(first_blocks);
+    drop(second_blocks);
+    let allocation = manager.allocate_blocks_with_evictions(8).unwrap();
+    manager.flush_events();
+    assert_eq!(
+        batch_events(subscription.try_recv()),
+        [CacheEvent::Removed {
+            hashes: allocation.evicted.clone()
+        }]
+    );
+    drop(allocation);
+    let third_chain = chain(40, 3);
+    let _third = register_with_tokens(&manager, &third_chain);
+    manager.flush_events();
+    let tokens: Vec<u32> = third_chain.iter().flat_map(|&h| tokens_of(h)).collect();
+    assert_eq!(
+        batch_events(subscription.try_recv()),
+        [CacheEvent::Stored {
+            hashes: third_chain,
+            tokens
+        }]
+    );
+}
+
+#[test]
 fn deduplicated_and_duplicate_registrations_are_not_announced_again() {
     let manager = manager(4);
     let subscription = manager.subscribe_events(4);

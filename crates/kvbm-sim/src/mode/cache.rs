@@ -187,12 +187,12 @@ impl CacheSim {
         }
         if stored_blocks > 0 {
             let fresh = self.manager.allocate_blocks(stored_blocks)?;
-            let staged = fresh
-                .into_iter()
-                .zip(misses)
-                .map(|(block, &hash)| block.stage(hash, block_size))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(BlockError::from)?;
+            // Sized up front: collecting `Result`s loses the length hint
+            // and regrew the vector (a sixteenth of a replay's instructions).
+            let mut staged = Vec::with_capacity(fresh.len());
+            for (block, &hash) in fresh.into_iter().zip(misses) {
+                staged.push(block.stage(hash, block_size).map_err(BlockError::from)?);
+            }
             let stored = self
                 .manager
                 .register_blocks(staged)
