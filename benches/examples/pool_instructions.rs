@@ -13,7 +13,9 @@
 //! The difference of the two totals over 10,000 iterations is the cost of
 //! one iteration without the setup; divide by the blocks an iteration
 //! touches (128 for the matches, 32 for the cycle). `kvbm-logical` in place
-//! of `kvbm` runs the peer on the same hash values.
+//! of `kvbm` runs the peer on the same hash values. `cycle-events` is the
+//! cycle with a subscriber drained after each iteration (the peer has no
+//! events: it runs the plain cycle).
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -36,6 +38,8 @@ enum Workload {
     MatchCached,
     /// allocate → stage → register → drop in a full pool (evicting).
     Cycle,
+    /// The cycle with an event subscriber drained after each iteration.
+    CycleEvents,
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         Some("match-held") => Workload::MatchHeld,
         Some("match-cached") => Workload::MatchCached,
         Some("cycle") => Workload::Cycle,
+        Some("cycle-events") => Workload::CycleEvents,
         _ => return usage(),
     };
     let Some(iterations) = args.get(2).and_then(|n| n.parse::<usize>().ok()) else {
@@ -60,7 +65,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: pool_instructions kvbm|kvbm-logical match-held|match-cached|cycle ITERATIONS"
+        "usage: pool_instructions kvbm|kvbm-logical match-held|match-cached|cycle|cycle-events ITERATIONS"
     );
     ExitCode::FAILURE
 }
@@ -75,11 +80,19 @@ fn hash_sets() -> (Vec<u64>, Vec<Vec<u64>>) {
 fn run_ours(workload: Workload, iterations: usize) -> usize {
     let (chain, sets) = hash_sets();
     let mut touched = 0;
-    if workload == Workload::Cycle {
+    if matches!(workload, Workload::Cycle | Workload::CycleEvents) {
         let manager = ours::manager(2 * CYCLE, BLOCK_SIZE);
+        let subscription =
+            (workload == Workload::CycleEvents).then(|| manager.subscribe_events(1024));
         let sets: Vec<_> = sets.iter().map(|values| ours::hashes(values)).collect();
         for i in 0..iterations {
             touched += ours::register(&manager, black_box(&sets[i % SETS])).len();
+            if let Some(subscription) = &subscription {
+                manager.flush_events();
+                while let Some(message) = subscription.try_recv() {
+                    black_box(message);
+                }
+            }
         }
         return touched;
     }
@@ -96,7 +109,7 @@ fn run_ours(workload: Workload, iterations: usize) -> usize {
 fn run_peer(workload: Workload, iterations: usize) -> usize {
     let (chain, sets) = hash_sets();
     let mut touched = 0;
-    if workload == Workload::Cycle {
+    if matches!(workload, Workload::Cycle | Workload::CycleEvents) {
         let manager = peer::manager(2 * CYCLE, BLOCK_SIZE);
         let sets: Vec<_> = sets.iter().map(|values| peer::hashes(values)).collect();
         for i in 0..iterations {
