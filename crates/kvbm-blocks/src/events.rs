@@ -342,6 +342,12 @@ impl EventLog {
         self.pending_blocks >= MAX_PENDING_BLOCKS
     }
 
+    /// Whether a flush would send nothing: no events are pending and no
+    /// subscriber owes a resync it has room for.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_empty() && matches!(self.open, OpenRun::None) && !self.wants_snapshot()
+    }
+
     /// Whether a flush would need a snapshot: some subscriber owes a resync
     /// and has room for it.
     pub(crate) fn wants_snapshot(&self) -> bool {

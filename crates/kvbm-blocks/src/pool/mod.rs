@@ -465,6 +465,11 @@ impl PoolState {
         let Some(log) = &self.events else {
             return false;
         };
+        if log.is_idle() {
+            // Most scheduler steps register nothing: nothing to send, and a
+            // subscriber that hung up is noticed at the next real batch.
+            return true;
+        }
         let snapshot = log.wants_snapshot().then(|| self.registered_hashes());
         let Some(log) = &mut self.events else {
             return false;
