@@ -50,7 +50,9 @@ impl FreeList {
         let slot = slots.get_mut(usize::try_from(self.head).ok()?)?;
         let id = BlockId::new(self.head);
         self.head = std::mem::replace(&mut slot.refs, 0);
-        self.len -= 1;
+        // Saturating: a count out of step with the links is corruption the
+        // audit reports, not a reason to panic here.
+        self.len = self.len.saturating_sub(1);
         Some(id)
     }
 
