@@ -2,10 +2,11 @@
 //! mirror built from them that always matches the pool.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use kvbm_blocks::{
-    BlockError, BlockManager, CacheEvent, EventMessage, EventSubscription, ImmutableBlocks,
-    MAX_PENDING_BLOCKS, SequenceHash,
+    BlockError, BlockManager, CacheEvent, EventBatch, EventMessage, EventSubscription,
+    ImmutableBlocks, MAX_PENDING_BLOCKS, SequenceHash,
 };
 use proptest::prelude::*;
 
@@ -416,6 +417,11 @@ enum Op {
     Flush,
     /// The consumer reads everything waiting.
     Read,
+    /// Reads everything waiting and keeps the batches (the pool must not
+    /// reuse a batch anyone still holds).
+    ReadKeeping,
+    /// Drops the kept batches, checking none changed while held.
+    DropKept,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -428,6 +434,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Clear),
         3 => Just(Op::Flush),
         2 => Just(Op::Read),
+        1 => Just(Op::ReadKeeping),
+        1 => Just(Op::DropKept),
     ]
 }
 
@@ -448,6 +456,8 @@ proptest! {
         let mut mirror = Mirror::default();
         let mut pinned: Vec<ImmutableBlocks<Gpu>> = Vec::new();
         let mut seen: HashSet<SequenceHash> = HashSet::new();
+        // Batches a slow consumer still holds, with their events as received.
+        let mut kept: Vec<(Arc<EventBatch>, Vec<CacheEvent>)> = Vec::new();
         for op in ops {
             match op {
                 Op::Register { first, len, tokens } => {
@@ -471,7 +481,23 @@ proptest! {
                 Op::Clear => drop(manager.clear_cache()),
                 Op::Flush => manager.flush_events(),
                 Op::Read => mirror.drain(&subscription).map_err(TestCaseError::fail)?,
+                Op::ReadKeeping => {
+                    for message in subscription.drain() {
+                        if let EventMessage::Batch(batch) = &message {
+                            kept.push((batch.clone(), batch.events.clone()));
+                        }
+                        mirror.apply(message).map_err(TestCaseError::fail)?;
+                    }
+                }
+                Op::DropKept => {
+                    for (batch, events) in kept.drain(..) {
+                        prop_assert_eq!(&batch.events, &events, "a held batch changed");
+                    }
+                }
             }
+        }
+        for (batch, events) in &kept {
+            prop_assert_eq!(&batch.events, events, "a held batch changed");
         }
         // Read, flush (a resync owed goes out now there is room), read.
         mirror.drain(&subscription).map_err(TestCaseError::fail)?;
