@@ -45,8 +45,7 @@ impl<M> Scheduler<M> {
     fn take_out(&mut self, id: RequestId, reason: FinishReason) -> Option<Finished> {
         if let Some(index) = self.position(id) {
             let mut running = self.running.swap_remove(index);
-            self.positions_stale = true;
-            self.reindex();
+            self.running.reindex();
             if running.work.take().is_some() {
                 // Only unapplied work can be pending, so reverting succeeds;
                 // if it ever did not, dropping the sequence still returns

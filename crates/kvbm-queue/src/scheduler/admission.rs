@@ -175,7 +175,6 @@ impl<M> Scheduler<M> {
                 self.next_admission += 1;
                 running.push_work(work, plan);
                 self.running.push(running);
-                self.positions_stale = true;
                 true
             }
             Err(ScheduleError::AllocationFailed { .. }) => {

@@ -63,7 +63,6 @@ impl<M> Scheduler<M> {
         }
         for &(i, reason) in done.iter().rev() {
             let finished = self.running.remove(i);
-            self.positions_stale = true;
             let generated = finished.seq.generated_tokens();
             report
                 .finished
@@ -78,7 +77,7 @@ impl<M> Scheduler<M> {
         self.counters.spec_accepted_tokens += report.accepted_draft_tokens as u64;
         // Requests cancelled while the engine ran end now, after their
         // computed work is committed (what they registered stays cached).
-        self.reindex();
+        self.running.reindex();
         self.end_cancelled(&mut report.finished);
         debug!(step, finished = report.finished.len(), "step applied");
         self.record_metrics();

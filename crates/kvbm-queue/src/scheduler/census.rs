@@ -128,9 +128,7 @@ impl<M> Scheduler<M> {
             return fail(format!("parked {id} is not live"));
         }
         drop(live);
-        if self.positions.len() != self.running.len()
-            || (self.running.iter().enumerate()).any(|(i, r)| self.position(r.id()) != Some(i))
-        {
+        if !self.running.index_agrees() {
             return fail("the position index disagrees with the running set".to_owned());
         }
         let mut held = HashSet::new();

@@ -12,24 +12,9 @@ use super::{RequestId, Scheduler, SchedulerError, StepPlan};
 pub const PAD_SLOT: u64 = u64::MAX;
 
 impl<M> Scheduler<M> {
-    /// Rebuilds the position index if `running` changed since it was built
-    /// (every push, removal and reordering of `running` marks it stale).
-    pub(super) fn reindex(&mut self) {
-        if !self.positions_stale {
-            return;
-        }
-        self.positions.clear();
-        for (index, running) in self.running.iter().enumerate() {
-            self.positions.insert(running.id(), index);
-        }
-        self.positions_stale = false;
-    }
-
-    /// Where `id` is in `running`. The index is checked against the entry,
-    /// so a stale index can only miss, never name another request.
+    /// Where `id` is in `running`.
     pub(super) fn position(&self, id: RequestId) -> Option<usize> {
-        let &index = self.positions.get(&id)?;
-        (self.running.get(index)?.id() == id).then_some(index)
+        self.running.position(id)
     }
 
     fn find(&self, id: RequestId) -> Option<&Running<M>> {

@@ -11,6 +11,7 @@ mod plan;
 mod preemption;
 mod request;
 mod running;
+mod running_set;
 mod step;
 mod telemetry;
 
@@ -29,7 +30,8 @@ pub use self::plan::{
     DecodeWork, EngineOutput, Finished, PrefillWork, RolledBack, StepPlan, StepReport,
 };
 pub use self::request::{FinishReason, InferenceRequest, RequestId};
-use self::running::{Running, Scratch};
+use self::running::Scratch;
+use self::running_set::RunningSet;
 use self::telemetry::Telemetry;
 pub use self::telemetry::{describe_metrics, names as metric_names};
 use crate::{QueueConfig, Rejected, RequestQueue, SchedulerError};
@@ -70,13 +72,9 @@ pub struct Scheduler<M> {
     queue: RequestQueue<InferenceRequest>,
     live: LiveIds,
     config: SchedulerConfig,
-    /// Admitted requests holding blocks, in no particular order between steps.
-    running: Vec<Running<M>>,
-    /// Where each running request is in `running`, for O(1) lookups by id;
-    /// rebuilt whenever a public call changed `running`.
-    positions: Positions,
-    /// Whether `running` changed since `positions` was built.
-    positions_stale: bool,
+    /// Admitted requests holding blocks, with their index by id (rebuilt
+    /// after a public call changed them).
+    running: RunningSet<M>,
     /// Sequences of waiting requests worth keeping (preempted ones, and
     /// candidates put back with their prompt hashed), until they resume.
     parked: HashMap<RequestId, Parked<M>>,
@@ -95,10 +93,6 @@ pub struct Scheduler<M> {
     /// Metric handles (no-ops without an installed recorder).
     telemetry: Telemetry,
 }
-
-/// Index of each running request in `Scheduler::running` (a fast hasher:
-/// ids are the caller's but only looked up, never iterated in order).
-type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
 /// Where each request's output is in the slice `apply` was given (kept
@@ -169,9 +163,7 @@ impl<M> Scheduler<M> {
             queue,
             live: LiveIds::default(),
             config,
-            running: Vec::new(),
-            positions: Positions::default(),
-            positions_stale: false,
+            running: RunningSet::default(),
             parked: HashMap::new(),
             pending: None,
             next_step: 0,

@@ -14,7 +14,6 @@ impl<M> Scheduler<M> {
         let Running {
             admitted, mut seq, ..
         } = self.running.remove(index);
-        self.positions_stale = true;
         let id = admitted.id();
         // Only unscheduled requests are preempted, so this cannot fail.
         let released = seq.release();

@@ -68,7 +68,7 @@ impl<M> Scheduler<M> {
             self.admit(&mut budget, plan);
         }
         self.next_step += 1;
-        self.reindex();
+        self.running.reindex();
         self.pending = Some(PendingStep {
             step: plan.step,
             aborted: HashSet::new(),
@@ -89,10 +89,7 @@ impl<M> Scheduler<M> {
         let order = |r: &Running<M>| (std::cmp::Reverse(r.priority()), r.admission);
         // Usually already in order: admissions append in order and `apply`
         // and preemption remove without reordering.
-        if !self.running.is_sorted_by_key(order) {
-            self.running.sort_by_key(order);
-            self.positions_stale = true;
-        }
+        self.running.sort_by_key(order);
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             match self.running[i].schedule(
@@ -109,7 +106,6 @@ impl<M> Scheduler<M> {
                     // Alone and still out of blocks: its length outgrew the
                     // whole pool, and preempting it would only loop.
                     let done = self.running.remove(i);
-                    self.positions_stale = true;
                     debug!(id = %done.id(), "request outgrew the block pool");
                     let generated = done.seq.generated_tokens();
                     plan.finished.push(self.exit(
@@ -128,7 +124,6 @@ impl<M> Scheduler<M> {
                     // Unreachable for a consistent sequence; never panic:
                     // take the request out and keep the rest going.
                     let done = self.running.remove(i);
-                    self.positions_stale = true;
                     debug!(id = %done.id(), %err, "request failed to schedule");
                     let generated = done.seq.generated_tokens();
                     plan.finished
