@@ -1,6 +1,6 @@
 //! [`Router`]: the prefix index, the workers and their loads, and routing.
 
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
@@ -49,10 +49,19 @@ pub struct Decision {
 
 /// What the router keeps per worker. Its blocks live only in the shared
 /// index (a second per-worker set would double the cost of every event).
+///
+/// Behind the workers map's *read* lock, each under its own lock: one
+/// worker's events never wait for another's that happens to share a shard
+/// of the map, and a departure (the map's write lock) waits for the events
+/// being applied.
 #[derive(Debug, Default)]
 struct Worker {
-    load: WorkerLoad,
-    stats: WorkerStats,
+    load: Mutex<WorkerLoad>,
+    stats: Mutex<WorkerStats>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A KV-aware router: follows many workers' KV events (vLLM's
@@ -135,32 +144,28 @@ impl Router {
     ///
     /// [`RouterError::UnknownWorker`] (nothing changes).
     pub fn apply(&self, worker: WorkerId, event: &KvEvent) -> Result<(), RouterError> {
-        let mut state =
-            (self.workers.get_mut(&worker)).ok_or(RouterError::UnknownWorker(worker))?;
-        let state = &mut *state;
+        let state = (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))?;
         match event {
             KvEvent::BlockStored(stored) => {
-                for hash in &stored.block_hashes {
-                    if self.index.insert(block_key(hash), worker) {
-                        state.stats.held_blocks += 1;
-                    }
-                }
-                state.stats.stored_blocks += stored.block_hashes.len() as u64;
+                let hashes = &stored.block_hashes;
+                let new = self.index.insert_many(worker, hashes.iter().map(block_key));
+                let mut stats = lock(&state.stats);
+                stats.held_blocks += new;
+                stats.stored_blocks += hashes.len() as u64;
             }
             KvEvent::BlockRemoved(removed) => {
-                for hash in &removed.block_hashes {
-                    if self.index.remove(block_key(hash), worker) {
-                        state.stats.held_blocks = state.stats.held_blocks.saturating_sub(1);
-                    } else {
-                        state.stats.unknown_removals += 1;
-                    }
-                }
-                state.stats.removed_blocks += removed.block_hashes.len() as u64;
+                let hashes = &removed.block_hashes;
+                let held = self.index.remove_many(worker, hashes.iter().map(block_key));
+                let mut stats = lock(&state.stats);
+                stats.held_blocks = stats.held_blocks.saturating_sub(held);
+                stats.unknown_removals += (hashes.len() - held) as u64;
+                stats.removed_blocks += hashes.len() as u64;
             }
             KvEvent::AllBlocksCleared => {
                 self.index.remove_worker(worker);
-                state.stats.held_blocks = 0;
-                state.stats.clears += 1;
+                let mut stats = lock(&state.stats);
+                stats.held_blocks = 0;
+                stats.clears += 1;
             }
         }
         Ok(())
@@ -195,15 +200,14 @@ impl Router {
     ///
     /// [`RouterError::UnknownWorker`].
     pub fn set_load(&self, worker: WorkerId, load: WorkerLoad) -> Result<(), RouterError> {
-        let mut state =
-            (self.workers.get_mut(&worker)).ok_or(RouterError::UnknownWorker(worker))?;
-        state.load = load;
+        let state = (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))?;
+        *lock(&state.load) = load;
         Ok(())
     }
 
     /// What the router knows of `worker`.
     pub fn stats(&self, worker: WorkerId) -> Option<WorkerStats> {
-        self.workers.get(&worker).map(|state| state.stats)
+        (self.workers.get(&worker)).map(|state| *lock(&state.stats))
     }
 
     /// The index itself (for queries of its own).
@@ -219,7 +223,7 @@ impl Router {
         order
             .iter()
             .filter_map(|&worker| {
-                let load = self.workers.get(&worker)?.load;
+                let load = *lock(&self.workers.get(&worker)?.load);
                 let overlap_blocks = (overlaps.binary_search_by_key(&worker, |&(w, _)| w))
                     .map_or(0, |at| overlaps[at].1);
                 Some(Candidate {

@@ -32,6 +32,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Workers (and their one key each) that only take low numbers.
+const FILLER: u64 = 1_000;
+
 /// What each worker holds, naively.
 fn model_overlaps(
     model: &BTreeMap<WorkerId, BTreeSet<u64>>,
@@ -49,10 +52,21 @@ proptest! {
 
     /// Any sequence of events, clears, departures (and rejoins) leaves the
     /// router answering overlaps exactly as a per-worker set model does.
+    /// With 62 idle workers holding a block each first, the fuzzed workers
+    /// are numbered 62 and up inside the index: one in the inline mask, the
+    /// rest spilled, and numbers are freed and reused across the boundary.
     #[test]
-    fn fuzz_the_router_matches_a_model(ops in prop::collection::vec(op(), 1..80)) {
+    fn fuzz_the_router_matches_a_model(
+        fillers in prop_oneof![Just(0u64), Just(62u64)],
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
         let router = Router::new();
         let mut model: BTreeMap<WorkerId, BTreeSet<u64>> = BTreeMap::new();
+        for filler in (0..fillers).map(|f| FILLER + f) {
+            router.add_worker(filler).unwrap();
+            router.apply(filler, &stored(&[filler])).unwrap();
+            model.insert(filler, BTreeSet::from([filler]));
+        }
         for op in ops {
             match op {
                 Op::Store(w, keys) | Op::Remove(w, keys) if !model.contains_key(&w) => {
@@ -115,18 +129,26 @@ fn overlap_stops_at_each_workers_first_missing_block() {
 /// says it holds, and nothing was lost or duplicated.
 #[test]
 fn concurrent_workers_and_queries_lose_nothing() {
-    const WORKERS: u64 = 8;
-    const ROUNDS: u64 = 2_000;
+    concurrent_workers_and_queries(8, 2_000);
+}
+
+/// As above past the inline mask: 66 writers, three of them spilled.
+#[test]
+fn concurrent_spilled_workers_and_queries_lose_nothing() {
+    concurrent_workers_and_queries(66, 300);
+}
+
+fn concurrent_workers_and_queries(workers: u64, rounds: u64) {
     let router = Arc::new(Router::new());
-    for w in 0..WORKERS {
+    for w in 0..workers {
         router.add_worker(w).unwrap();
     }
-    let writers: Vec<_> = (0..WORKERS)
+    let writers: Vec<_> = (0..workers)
         .map(|w| {
             let router = Arc::clone(&router);
             std::thread::spawn(move || {
                 let mut held = BTreeSet::new();
-                for round in 0..ROUNDS {
+                for round in 0..rounds {
                     // Shared keys (0..64) and keys of this worker's own.
                     let key = (round * 7 + w * 13) % 64 + (round % 3) * (1000 + w * 100);
                     if round % 5 == 4 {
@@ -146,7 +168,7 @@ fn concurrent_workers_and_queries_lose_nothing() {
             let router = Arc::clone(&router);
             std::thread::spawn(move || {
                 let keys: Vec<u128> = (0..64).collect();
-                for _ in 0..ROUNDS {
+                for _ in 0..rounds {
                     for (_, depth) in router.index().overlaps(&keys) {
                         assert!(depth <= 64);
                     }
@@ -172,4 +194,45 @@ fn concurrent_workers_and_queries_lose_nothing() {
             .collect();
         assert_eq!(holders, workers, "key {key}");
     }
+}
+
+/// Past 63 workers, holders spill out of the inline mask: lookups, walks,
+/// removals and departures still see every one, and the freed numbers come
+/// back clean.
+#[test]
+fn more_than_sixty_three_workers_spill_and_stay_exact() {
+    let index = PrefixIndex::new();
+    let workers: Vec<WorkerId> = (0..130).map(|w| 5_000 - w).collect();
+    for (i, &w) in workers.iter().enumerate() {
+        // Every worker holds block 1; worker i also holds 2 when i is even.
+        assert_eq!(index.insert_many(w, [1, 2].into_iter().take(1 + (i + 1) % 2)), 1 + (i + 1) % 2);
+    }
+    let mut all = workers.clone();
+    all.sort_unstable();
+    assert_eq!(index.holders(1), all);
+    let even: BTreeSet<WorkerId> = workers.iter().step_by(2).copied().collect();
+    let expected: Vec<(WorkerId, usize)> = all
+        .iter()
+        .map(|w| (*w, if even.contains(w) { 2 } else { 1 }))
+        .collect();
+    assert_eq!(index.overlaps(&[1, 2, 3]), expected);
+    // The last worker (numbered 129, spilled) leaves block 2, then entirely.
+    let last = workers[128];
+    assert!(index.remove(2, last));
+    assert!(!index.remove(2, last), "already gone");
+    assert_eq!(index.remove_worker(last), 1);
+    assert!(!index.holders(1).contains(&last));
+    // An inline worker leaves; a newcomer takes its number and holds only
+    // what it stores.
+    assert_eq!(index.remove_worker(workers[0]), 2);
+    assert!(index.insert(3, 1));
+    assert_eq!(index.holders(3), [1]);
+    assert!(!index.holders(1).contains(&1));
+    assert!(!index.holders(2).contains(&1));
+    assert_eq!(index.holders(2).len(), 63);
+    for &w in &workers {
+        index.remove_worker(w);
+    }
+    assert_eq!(index.remove_many(1, [3]), 1);
+    assert!(index.is_empty(), "{} keys left", index.len());
 }
