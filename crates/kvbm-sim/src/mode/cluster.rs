@@ -25,9 +25,10 @@ mod report;
 mod tests;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use rayon::iter::{IntoParallelRefMutIterator, ParallelIterator};
+use rayon::iter::{IntoParallelRefIterator, IntoParallelRefMutIterator, ParallelIterator};
 
 use kvbm_blocks::{BlockManager, EventMessage, MAX_BLOCKS};
 use kvbm_events::{HashForm, WireFormat};
@@ -39,7 +40,7 @@ use kvbm_router::{
 use kvbm_sequence::{Salt, block_hash, chain_hash};
 
 pub use self::report::{ClusterReport, ClusterRun};
-use super::serve::{ServeConfig, ServeSim, Simulated};
+use super::serve::{ServeConfig, ServeSim, Simulated, shared_prompt};
 #[cfg(test)]
 use crate::ServeOutcome;
 use crate::{EventSink, SimError, Trace};
@@ -297,6 +298,36 @@ impl EventSink for RouterFeed<'_> {
     }
 }
 
+/// Arrivals whose prompts and keys are built together (in parallel, on the
+/// engines' threads) before the first of them is routed: enough to share
+/// out, few enough that their prompts (about 50 KB each on the
+/// conversation trace) stay in cache until they are submitted.
+const PREPARE_WINDOW: usize = 32;
+
+/// An arrival's prompt and request keys: everything about it that does not
+/// depend on the engines, so built off the serial path.
+struct Prepared {
+    prompt: Option<Arc<[u32]>>,
+    keys: Vec<u128>,
+}
+
+impl Prepared {
+    fn new(
+        trace: &Trace,
+        index: usize,
+        block_size: usize,
+        format: &WireFormat,
+        scratch: &mut Vec<u32>,
+    ) -> Self {
+        let prompt = (trace.requests().get(index)).and_then(|r| shared_prompt(r, scratch));
+        let mut keys = Vec::new();
+        if let Some(prompt) = &prompt {
+            request_keys(prompt, block_size, format, &mut keys);
+        }
+        Self { prompt, keys }
+    }
+}
+
 /// The chained keys of `prompt`'s full blocks, as the engines send them.
 fn request_keys(prompt: &[u32], block_size: usize, format: &WireFormat, keys: &mut Vec<u128>) {
     keys.clear();
@@ -354,37 +385,35 @@ fn replay_policy(
     let mut arrivals: Vec<usize> = (0..trace.len()).collect();
     arrivals.sort_by_key(|&i| trace.requests().get(i).map_or(0, |r| r.timestamp));
     let mut assigned = vec![usize::MAX; trace.len()];
-    let mut keys = Vec::new();
     let threads = Threads::new(config.threads, config.engines)?;
     let wire = Wire {
         router: &router,
         format: &format,
     };
-    for index in arrivals {
-        let at = engines[0].sim.arrival_of(index);
-        // Every step that begins before the arrival, on every engine.
-        threads.run_until(&mut engines, Some(at), wire)?;
-        let prompt = engines[0].sim.prompt(index);
-        let prompt_tokens = prompt.as_ref().map_or(0, |p| p.len());
-        match &prompt {
-            Some(prompt) => request_keys(prompt, block_size, &format, &mut keys),
-            None => keys.clear(),
+    for window in arrivals.chunks(PREPARE_WINDOW) {
+        let prepared = threads.map(window, |scratch, index| {
+            Prepared::new(trace, index, block_size, &format, scratch)
+        });
+        for (&index, Prepared { prompt, keys }) in window.iter().zip(prepared) {
+            let at = engines[0].sim.arrival_of(index);
+            // Every step that begins before the arrival, on every engine.
+            threads.run_until(&mut engines, Some(at), wire)?;
+            let request = RouteRequest {
+                keys: &keys,
+                prompt_tokens: prompt.as_ref().map_or(0, |p| p.len()),
+                block_size,
+            };
+            let worker = router
+                .route(&request, policy.as_mut())
+                .map_or(0, |decision| decision.worker as usize);
+            assigned[index] = worker;
+            let engine = &mut engines[worker];
+            engine.sim.wake_at(at);
+            engine.sim.submit(index, prompt)?;
+            // Its queued prompt tokens now include this one, so a burst of
+            // arrivals spreads before the engine next steps.
+            engine.report_load(&router)?;
         }
-        let request = RouteRequest {
-            keys: &keys,
-            prompt_tokens,
-            block_size,
-        };
-        let worker = router
-            .route(&request, policy.as_mut())
-            .map_or(0, |decision| decision.worker as usize);
-        assigned[index] = worker;
-        let engine = &mut engines[worker];
-        engine.sim.wake_at(at);
-        engine.sim.submit(index, prompt)?;
-        // Its queued prompt tokens now include this one, so a burst of
-        // arrivals spreads before the engine next steps.
-        engine.report_load(&router)?;
     }
     threads.run_until(&mut engines, None, wire)?;
     check_router(&router, &engines)?;
@@ -499,6 +528,25 @@ impl Threads {
             .map_err(|error| SimError::Threads {
                 reason: error.to_string(),
             })
+    }
+
+    /// `f` of each of `items`, in order, with a scratch buffer per thread.
+    fn map<T: Send>(
+        &self,
+        items: &[usize],
+        f: impl Fn(&mut Vec<u32>, usize) -> T + Sync,
+    ) -> Vec<T> {
+        match self {
+            Self::Pool(pool) => pool.install(|| {
+                (items.par_iter())
+                    .map_init(Vec::new, |scratch, &item| f(scratch, item))
+                    .collect()
+            }),
+            Self::Here => {
+                let mut scratch = Vec::new();
+                items.iter().map(|&item| f(&mut scratch, item)).collect()
+            }
+        }
     }
 
     fn run_until(

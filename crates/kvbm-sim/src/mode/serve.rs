@@ -75,6 +75,7 @@ pub use self::latency::Latency;
 pub(crate) use self::report::latencies;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
 pub use self::step_time::StepTime;
+pub(crate) use self::tokens::shared_prompt;
 pub use self::tokens::{prompt_tokens, trace_token};
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
 use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Trace};
@@ -554,18 +555,9 @@ impl<'a> ServeSim<'a> {
         Ok(())
     }
 
-    /// Request `index`'s prompt, `None` if it has none (built in a reused
-    /// buffer, then copied once into the shared prompt: cheaper than
-    /// building the `Arc` in place).
+    /// Request `index`'s prompt, `None` if it has none.
     pub(crate) fn prompt(&mut self, index: usize) -> Option<Arc<[u32]>> {
-        let request = self.trace.requests().get(index)?;
-        if request.input_length == 0 {
-            return None;
-        }
-        let input_length = usize::try_from(request.input_length).unwrap_or(usize::MAX);
-        self.prompt.clear();
-        tokens::fill_prompt(&request.hash_ids, input_length, &mut self.prompt);
-        Some(Arc::from(&self.prompt[..]))
+        tokens::shared_prompt(self.trace.requests().get(index)?, &mut self.prompt)
     }
 
     /// Submits request `index` with its `prompt` (from

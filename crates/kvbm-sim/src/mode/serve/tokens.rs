@@ -27,6 +27,10 @@
 //! It costs a handful of integer operations per token, which matters: the
 //! conversation trace has 145M prompt tokens.
 
+use std::sync::Arc;
+
+use crate::TraceRequest;
+
 /// The multiplier that spreads offsets apart (2^32 / φ, odd).
 const OFFSET_STEP: u32 = 0x9E37_79B9;
 
@@ -57,6 +61,19 @@ pub fn prompt_tokens(hash_ids: &[u64], input_length: usize) -> Vec<u32> {
     let mut tokens = Vec::with_capacity(input_length);
     fill_prompt(hash_ids, input_length, &mut tokens);
     tokens
+}
+
+/// `request`'s prompt, `None` if it has none: built in `scratch` (a reused
+/// buffer), then copied once into the shared prompt, which is cheaper than
+/// building the `Arc` in place.
+pub(crate) fn shared_prompt(request: &TraceRequest, scratch: &mut Vec<u32>) -> Option<Arc<[u32]>> {
+    if request.input_length == 0 {
+        return None;
+    }
+    let input_length = usize::try_from(request.input_length).unwrap_or(usize::MAX);
+    scratch.clear();
+    fill_prompt(&request.hash_ids, input_length, scratch);
+    Some(Arc::from(&scratch[..]))
 }
 
 /// [`prompt_tokens`] appended to `tokens`. Block by block, so the inner loop
