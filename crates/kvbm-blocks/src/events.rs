@@ -11,12 +11,12 @@
 //! every registered hash, which replaces whatever it had mirrored.
 //!
 //! With no subscriber nothing is recorded: registration and eviction pay one
-//! branch, and a flush one relaxed atomic load. With subscribers that drop
-//! each batch before the next flush, the pool reuses the batch's buffers and
-//! allocates nothing per batch.
+//! branch, and a flush one relaxed atomic load. With subscribers, a block
+//! costs a push into the batch being built (its hashes and tokens are two
+//! flat buffers); once every subscriber has dropped a batch, the pool
+//! reuses it whole and allocates nothing per batch.
 
 mod log;
-mod spares;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,26 +32,30 @@ pub(crate) use self::log::EventLog;
 /// more, smaller batches, or lag).
 pub const MAX_PENDING_BLOCKS: usize = 1 << 16;
 
-/// A change to the set of matchable hashes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheEvent {
+/// A change to the set of matchable hashes, as a view into its
+/// [`EventBatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheEvent<'a> {
     /// Consecutive blocks of one sequence became matchable (first
-    /// registrations; deduplicated ones are not announced again).
-    /// `hashes[0].parent()` is the parent of the first; each later hash is
-    /// its predecessor's child.
+    /// registrations; deduplicated ones are not announced again): each
+    /// hash after the first is its predecessor's child.
     Stored {
-        /// The blocks' hashes, in chain order.
-        hashes: Vec<SequenceHash>,
+        /// The first block's parent ([`SequenceHash::parent`]), `None` for a
+        /// sequence's first block.
+        parent: Option<u128>,
+        /// The blocks' hash values ([`SequenceHash::value`]), in chain
+        /// order.
+        hashes: &'a [u128],
         /// Their tokens, `block_size` per block in order, when the blocks
         /// were registered with
         /// [`register_blocks_with_tokens`](crate::BlockManager::register_blocks_with_tokens);
         /// empty otherwise.
-        tokens: Vec<u32>,
+        tokens: &'a [u32],
     },
     /// Blocks stopped being matchable (evicted), in eviction order.
     Removed {
-        /// The evicted hashes.
-        hashes: Vec<SequenceHash>,
+        /// The evicted hash values.
+        hashes: &'a [u128],
     },
     /// [`clear_cache`](crate::BlockManager::clear_cache) emptied the whole
     /// registry: nothing is matchable.
@@ -59,13 +63,183 @@ pub enum CacheEvent {
 }
 
 /// The events between two flushes, oldest first.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Every event's hash values live in one buffer and every event's tokens
+/// in another, so a batch is three buffers however many events it holds,
+/// and the pool reuses them once subscribers drop the batch; [`events`]
+/// (Self::events) walks it as [`CacheEvent`] views. Events carry hash
+/// values and a run's parent, what vLLM's wire carries: a block costs the
+/// batch 16 bytes, not a whole [`SequenceHash`].
+///
+/// ```
+/// use kvbm_blocks::{CacheEvent, EventBatch, SequenceHash};
+///
+/// let root = SequenceHash::root(7);
+/// let child = root.child(8);
+/// let mut batch = EventBatch::new(1);
+/// batch.push_stored(None, &[root.value(), child.value()], &[]);
+/// batch.push_cleared();
+/// assert_eq!(batch.sequence(), 1);
+/// assert_eq!(
+///     batch.events().collect::<Vec<_>>(),
+///     [CacheEvent::Stored { parent: None, hashes: &[7, 8], tokens: &[] }, CacheEvent::Cleared]
+/// );
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EventBatch {
-    /// The pool's batch counter: consecutive for a subscriber that keeps up.
-    pub sequence: u64,
-    /// What happened, in order.
-    pub events: Vec<CacheEvent>,
+    sequence: u64,
+    hashes: Vec<u128>,
+    tokens: Vec<u32>,
+    /// Each event's kind and where its hashes and tokens start; they end
+    /// where the next event's start (the last's, at the buffers' ends).
+    spans: Vec<Span>,
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    kind: SpanKind,
+    hashes: usize,
+    tokens: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpanKind {
+    /// With the first block's parent.
+    Stored(Option<u128>),
+    Removed,
+    Cleared,
+}
+
+impl EventBatch {
+    /// An empty batch numbered `sequence`.
+    pub fn new(sequence: u64) -> Self {
+        Self {
+            sequence,
+            ..Self::default()
+        }
+    }
+
+    /// The pool's batch counter: consecutive for a subscriber that keeps up.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// What happened, in order.
+    pub fn events(&self) -> Events<'_> {
+        Events {
+            batch: self,
+            spans: self.spans.iter(),
+        }
+    }
+
+    /// How many events.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether nothing happened.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Blocks named by all events together (stored and removed).
+    pub fn blocks(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Appends a [`CacheEvent::Stored`] of the chain `hashes` (hash values)
+    /// under `parent`, and their `tokens`.
+    pub fn push_stored(&mut self, parent: Option<u128>, hashes: &[u128], tokens: &[u32]) {
+        self.open(SpanKind::Stored(parent));
+        self.hashes.extend_from_slice(hashes);
+        self.tokens.extend_from_slice(tokens);
+    }
+
+    /// Appends a [`CacheEvent::Removed`] of `hashes` (hash values).
+    pub fn push_removed(&mut self, hashes: &[u128]) {
+        self.open(SpanKind::Removed);
+        self.hashes.extend_from_slice(hashes);
+    }
+
+    /// Appends a [`CacheEvent::Cleared`].
+    pub fn push_cleared(&mut self) {
+        self.open(SpanKind::Cleared);
+    }
+
+    /// Starts an event of `kind`: the blocks pushed next are its.
+    fn open(&mut self, kind: SpanKind) {
+        self.spans.push(Span {
+            kind,
+            hashes: self.hashes.len(),
+            tokens: self.tokens.len(),
+        });
+    }
+
+    /// Adds a block to the newest event (the pool's log extends its runs
+    /// block by block).
+    #[inline]
+    fn extend(&mut self, hash: u128, tokens: &[u32]) {
+        self.hashes.push(hash);
+        if !tokens.is_empty() {
+            self.tokens.extend_from_slice(tokens);
+        }
+    }
+
+    /// Empties the batch for reuse, keeping bounded buffers.
+    fn clear(&mut self) {
+        /// Kept capacities: a busy step's batch, without holding on to the
+        /// largest batch ever flushed.
+        const KEEP_HASHES: usize = 4_096;
+        const KEEP_TOKENS: usize = 1 << 16;
+        self.hashes.clear();
+        self.tokens.clear();
+        self.spans.clear();
+        let kept = [self.hashes.capacity(), self.spans.capacity()];
+        if kept.iter().any(|&c| c > KEEP_HASHES) || self.tokens.capacity() > KEEP_TOKENS {
+            self.hashes.shrink_to(KEEP_HASHES);
+            self.tokens.shrink_to(KEEP_TOKENS);
+            self.spans.shrink_to(KEEP_HASHES);
+        }
+    }
+
+}
+
+/// The events of an [`EventBatch`], oldest first.
+#[derive(Clone, Debug)]
+pub struct Events<'a> {
+    batch: &'a EventBatch,
+    spans: std::slice::Iter<'a, Span>,
+}
+
+impl<'a> Iterator for Events<'a> {
+    type Item = CacheEvent<'a>;
+
+    fn next(&mut self) -> Option<CacheEvent<'a>> {
+        let span = self.spans.next()?;
+        let batch = self.batch;
+        // An event ends where the next begins, the last at the buffers' ends.
+        let (hashes_end, tokens_end) = match self.spans.as_slice().first() {
+            Some(next) => (next.hashes, next.tokens),
+            None => (batch.hashes.len(), batch.tokens.len()),
+        };
+        let hashes = batch.hashes.get(span.hashes..hashes_end).unwrap_or_default();
+        Some(match span.kind {
+            SpanKind::Stored(parent) => CacheEvent::Stored {
+                parent,
+                hashes,
+                tokens: batch.tokens.get(span.tokens..tokens_end).unwrap_or_default(),
+            },
+            SpanKind::Removed => CacheEvent::Removed { hashes },
+            SpanKind::Cleared => CacheEvent::Cleared,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.spans.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Events<'_> {}
 
 /// Sent instead of the batches a lagging subscriber missed (and first to a
 /// new subscriber): the whole registered set, which replaces the mirror.
@@ -103,6 +277,11 @@ pub struct EventSubscription {
 impl EventSubscription {
     /// The next message, if one is waiting.
     pub fn try_recv(&self) -> Option<EventMessage> {
+        // A look at the channel's ends is cheaper than a failed receive, and
+        // a consumer polling after each step mostly finds nothing.
+        if self.receiver.is_empty() {
+            return None;
+        }
         self.receiver.try_recv().ok()
     }
 

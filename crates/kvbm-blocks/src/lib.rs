@@ -74,7 +74,7 @@ pub use builder::{BlockManagerBuilder, MAX_BLOCKS};
 pub use config::{DuplicatePolicy, EvictionPolicy};
 pub use error::{BlockError, Rejected};
 pub use events::{
-    CacheEvent, EventBatch, EventMessage, EventSubscription, MAX_PENDING_BLOCKS, Resync,
+    CacheEvent, EventBatch, EventMessage, EventSubscription, Events, MAX_PENDING_BLOCKS, Resync,
 };
 pub use handles::{
     BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock, WeakBlock,

@@ -79,7 +79,12 @@ impl WireFormat {
 
     /// The wire form of one hash.
     pub fn hash(&self, hash: SequenceHash) -> BlockHash {
-        BlockHash::from_value(hash.value(), self.hash_form)
+        self.hash_value(hash.value())
+    }
+
+    /// The wire form of one hash value ([`SequenceHash::value`]).
+    pub fn hash_value(&self, value: u128) -> BlockHash {
+        BlockHash::from_value(value, self.hash_form)
     }
 
     /// The wire events of one message. A [`Resync`](kvbm_blocks::Resync)
@@ -88,26 +93,29 @@ impl WireFormat {
     /// the safe error (a missed hit, never a route to a block that is gone).
     pub fn events(&self, message: &EventMessage) -> Vec<KvEvent> {
         match message {
-            EventMessage::Batch(batch) => batch.events.iter().map(|e| self.event(e)).collect(),
+            EventMessage::Batch(batch) => batch.events().map(|e| self.event(e)).collect(),
             EventMessage::Resync(_) => vec![KvEvent::AllBlocksCleared],
         }
     }
 
     /// One event in vLLM's form.
-    pub fn event(&self, event: &CacheEvent) -> KvEvent {
+    pub fn event(&self, event: CacheEvent<'_>) -> KvEvent {
         match event {
-            CacheEvent::Stored { hashes, tokens } => KvEvent::BlockStored(BlockStored {
-                block_hashes: hashes.iter().map(|&h| self.hash(h)).collect(),
-                parent_block_hash: (hashes.first().and_then(|h| h.parent()))
-                    .map(|parent| BlockHash::from_value(parent, self.hash_form)),
-                token_ids: tokens.clone(),
+            CacheEvent::Stored {
+                parent,
+                hashes,
+                tokens,
+            } => KvEvent::BlockStored(BlockStored {
+                block_hashes: hashes.iter().map(|&h| self.hash_value(h)).collect(),
+                parent_block_hash: parent.map(|parent| self.hash_value(parent)),
+                token_ids: tokens.to_vec(),
                 block_size: self.block_size,
                 lora_id: None,
                 medium: self.medium.clone(),
                 lora_name: self.lora_name.clone(),
             }),
             CacheEvent::Removed { hashes } => KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: hashes.iter().map(|&h| self.hash(h)).collect(),
+                block_hashes: hashes.iter().map(|&h| self.hash_value(h)).collect(),
                 medium: self.medium.clone(),
             }),
             CacheEvent::Cleared => KvEvent::AllBlocksCleared,
@@ -130,8 +138,8 @@ impl WireFormat {
     /// [`EventError::Encode`] if msgpack cannot hold a value (unreachable).
     pub fn encode(&self, message: &EventMessage, ts: f64) -> Result<Vec<u8>, EventError> {
         let (blocks, tokens) = match message {
-            EventMessage::Batch(batch) => (batch.events.iter()).fold((0, 0), |(b, t), e| match e {
-                CacheEvent::Stored { hashes, tokens } => (b + hashes.len(), t + tokens.len()),
+            EventMessage::Batch(batch) => (batch.events()).fold((0, 0), |(b, t), e| match e {
+                CacheEvent::Stored { hashes, tokens, .. } => (b + hashes.len(), t + tokens.len()),
                 CacheEvent::Removed { hashes } => (b + hashes.len(), t),
                 CacheEvent::Cleared => (b, t),
             }),
@@ -156,8 +164,8 @@ impl Serialize for EventsView<'_> {
         let Self(format, message) = *self;
         match message {
             EventMessage::Batch(batch) => {
-                let mut seq = serializer.serialize_seq(Some(batch.events.len()))?;
-                for event in &batch.events {
+                let mut seq = serializer.serialize_seq(Some(batch.len()))?;
+                for event in batch.events() {
                     seq.serialize_element(&EventView::new(format, event))?;
                 }
                 seq.end()
@@ -192,12 +200,15 @@ enum EventView<'a> {
 }
 
 impl<'a> EventView<'a> {
-    fn new(format: &'a WireFormat, event: &'a CacheEvent) -> Self {
+    fn new(format: &'a WireFormat, event: CacheEvent<'a>) -> Self {
         match event {
-            CacheEvent::Stored { hashes, tokens } => EventView::BlockStored {
+            CacheEvent::Stored {
+                parent,
+                hashes,
+                tokens,
+            } => EventView::BlockStored {
                 block_hashes: HashesView(format.hash_form, hashes),
-                parent_block_hash: (hashes.first().and_then(|h| h.parent()))
-                    .map(|parent| BlockHash::from_value(parent, format.hash_form)),
+                parent_block_hash: parent.map(|parent| format.hash_value(parent)),
                 token_ids: tokens,
                 block_size: format.block_size,
                 lora_id: None,
@@ -214,16 +225,16 @@ impl<'a> EventView<'a> {
 }
 
 /// Hashes in their wire form, converted as they are written.
-struct HashesView<'a>(HashForm, &'a [SequenceHash]);
+struct HashesView<'a>(HashForm, &'a [u128]);
 
 impl Serialize for HashesView<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.1.len()))?;
         for hash in self.1 {
             match self.0 {
-                HashForm::Int64 => seq.serialize_element(&(hash.value() as u64))?,
+                HashForm::Int64 => seq.serialize_element(&(*hash as u64))?,
                 HashForm::Bytes => {
-                    seq.serialize_element(serde_bytes::Bytes::new(&hash.value().to_be_bytes()))?;
+                    seq.serialize_element(serde_bytes::Bytes::new(&hash.to_be_bytes()))?;
                 }
             }
         }

@@ -58,7 +58,7 @@ impl KvEventCounts {
             EventMessage::Resync(_) => self.resyncs += 1,
             EventMessage::Batch(batch) => {
                 self.batches += 1;
-                for event in &batch.events {
+                for event in batch.events() {
                     match event {
                         CacheEvent::Stored { hashes, .. } => {
                             self.stored_blocks += hashes.len() as u64;

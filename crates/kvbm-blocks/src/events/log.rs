@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use super::spares::Spares;
-use super::{CacheEvent, EventBatch, EventMessage, EventSubscription, MAX_PENDING_BLOCKS, Resync};
+use super::{EventBatch, EventMessage, EventSubscription, MAX_PENDING_BLOCKS, Resync, SpanKind};
 use crate::SequenceHash;
 
 /// One subscription's sending end and what it has lost.
@@ -18,51 +17,42 @@ struct Subscriber {
     missed_since_resync: u64,
     /// Owes a resync (lost a batch, or just joined).
     behind: bool,
+    /// Its receiver is gone: forgotten after this flush.
+    hung_up: bool,
 }
 
 /// The pending events and the subscribers, kept in the pool's state.
 pub(crate) struct EventLog {
-    /// Finished events, oldest first; `open` comes after them.
-    pending: Vec<CacheEvent>,
-    /// The newest event while it may still grow, kept out of `pending` so
-    /// that adding a block to it reaches into no list.
+    /// The events since the last flush: the next batch, built in place.
+    batch: EventBatch,
+    /// What the newest event is, while the next block may extend it.
     open: OpenRun,
-    pending_blocks: usize,
-    /// Blocks and tokens the registration under way may still store: the
-    /// capacity a new `Stored` run starts with, so it is not regrown block
-    /// by block.
-    run_hint: (usize, usize),
-    /// Blocks recent batches removed (the last one's, or half the hint
-    /// before it if more; at most a full batch): the capacity a batch's
-    /// `Removed` starts with.
-    removed_hint: usize,
     subscribers: Vec<Subscriber>,
     /// The sequence number of the last batch sent.
     last_sequence: u64,
     /// The last batch sent, kept so that once every subscriber has dropped
-    /// it, its allocation and buffers serve the next batch.
+    /// it, it becomes the batch built next (allocation and buffers).
     last_batch: Option<Arc<EventBatch>>,
-    spares: Spares,
 }
 
-/// A run of blocks the next registration or eviction may extend.
+/// The newest event of the batch being built, if a block may extend it.
+#[derive(Clone, Copy)]
 enum OpenRun {
     None,
     Stored {
-        hashes: Vec<SequenceHash>,
-        tokens: Vec<u32>,
-        /// The last hash's value: a block whose parent it is continues the run.
-        tail: u128,
+        /// The last hash's value (halves, low first): a block whose parent
+        /// it is continues the run.
+        tail: [u64; 2],
+        /// Whether the run carries tokens (a block continues it only alike).
+        with_tokens: bool,
     },
-    Removed {
-        hashes: Vec<SequenceHash>,
-    },
+    Removed,
 }
 
 impl std::fmt::Debug for EventLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventLog")
-            .field("pending", &self.pending.len())
+            .field("pending", &self.batch.len())
             .field("subscribers", &self.subscribers.len())
             .field("last_sequence", &self.last_sequence)
             .finish()
@@ -72,15 +62,11 @@ impl std::fmt::Debug for EventLog {
 impl EventLog {
     pub(crate) fn new() -> Self {
         Self {
-            pending: Vec::new(),
+            batch: EventBatch::default(),
             open: OpenRun::None,
-            pending_blocks: 0,
-            run_hint: (0, 0),
-            removed_hint: 0,
             subscribers: Vec::new(),
             last_sequence: 0,
             last_batch: None,
-            spares: Spares::default(),
         }
     }
 
@@ -93,14 +79,16 @@ impl EventLog {
             missed: missed.clone(),
             missed_since_resync: 0,
             behind: true,
+            hung_up: false,
         });
         EventSubscription { receiver, missed }
     }
 
-    /// Announces a registration of up to `blocks` blocks and `tokens`
-    /// tokens (see `run_hint`).
-    pub(crate) fn expect_run(&mut self, blocks: usize, tokens: usize) {
-        self.run_hint = (blocks, tokens);
+    /// Makes room for a registration of up to `blocks` blocks and `tokens`
+    /// tokens, so the batch does not regrow block by block.
+    pub(crate) fn reserve(&mut self, blocks: usize, tokens: usize) {
+        self.batch.hashes.reserve(blocks);
+        self.batch.tokens.reserve(tokens);
     }
 
     /// Records a first registration, extending the last event when it is a
@@ -108,75 +96,51 @@ impl EventLog {
     /// blocks in one event, as routers expect).
     #[inline]
     pub(crate) fn stored(&mut self, hash: SequenceHash, tokens: &[u32]) {
-        self.pending_blocks += 1;
-        if let OpenRun::Stored {
-            hashes,
-            tokens: run,
-            tail,
-        } = &mut self.open
-            && Some(*tail) == hash.parent()
-            && run.is_empty() == tokens.is_empty()
-        {
-            hashes.push(hash);
-            *tail = hash.value();
-            if !tokens.is_empty() {
-                run.extend_from_slice(tokens);
+        let with_tokens = !tokens.is_empty();
+        match &mut self.open {
+            OpenRun::Stored {
+                tail,
+                with_tokens: alike,
+            } if hash.has_parent_halves(*tail) && *alike == with_tokens => {
+                *tail = hash.value_halves();
             }
-            return;
+            open => {
+                *open = OpenRun::Stored {
+                    tail: hash.value_halves(),
+                    with_tokens,
+                };
+                self.batch.open(SpanKind::Stored(hash.parent()));
+            }
         }
-        self.close_run();
-        let (blocks, run_tokens) = self.run_hint;
-        let mut hashes = self.spares.hashes(blocks.max(1));
-        hashes.push(hash);
-        let mut run = self.spares.tokens(run_tokens.max(tokens.len()));
-        run.extend_from_slice(tokens);
-        self.open = OpenRun::Stored {
-            hashes,
-            tokens: run,
-            tail: hash.value(),
-        };
+        self.batch.extend(hash.value(), tokens);
     }
 
-    /// Records an eviction, extending the last event when it is a `Removed`.
+    /// Records the eviction of hash `value`, extending the last event when it
+    /// is a `Removed`.
     #[inline]
-    pub(crate) fn removed(&mut self, hash: SequenceHash) {
-        self.pending_blocks += 1;
-        if let OpenRun::Removed { hashes } = &mut self.open {
-            hashes.push(hash);
-            return;
+    pub(crate) fn removed(&mut self, value: u128) {
+        if !matches!(self.open, OpenRun::Removed) {
+            self.open = OpenRun::Removed;
+            self.batch.open(SpanKind::Removed);
         }
-        self.close_run();
-        let mut hashes = self.spares.hashes(self.removed_hint.max(1));
-        hashes.push(hash);
-        self.open = OpenRun::Removed { hashes };
+        self.batch.extend(value, &[]);
     }
 
     /// Records that the registry was emptied.
     pub(crate) fn cleared(&mut self) {
-        self.close_run();
-        self.pending.push(CacheEvent::Cleared);
-    }
-
-    /// Moves the open run, if any, to the end of `pending`.
-    fn close_run(&mut self) {
-        match std::mem::replace(&mut self.open, OpenRun::None) {
-            OpenRun::None => {}
-            OpenRun::Stored { hashes, tokens, .. } => {
-                self.pending.push(CacheEvent::Stored { hashes, tokens });
-            }
-            OpenRun::Removed { hashes } => self.pending.push(CacheEvent::Removed { hashes }),
-        }
+        self.open = OpenRun::None;
+        self.batch.push_cleared();
     }
 
     /// Whether the pending events are due for a flush of their own.
     pub(crate) fn is_full(&self) -> bool {
-        self.pending_blocks >= MAX_PENDING_BLOCKS
+        self.batch.blocks() >= MAX_PENDING_BLOCKS
     }
 
     /// Whether a flush would send nothing: no events are pending and no
     /// subscriber owes a resync it has room for.
     pub(crate) fn is_idle(&self) -> bool {
-        self.pending.is_empty() && matches!(self.open, OpenRun::None) && !self.wants_snapshot()
+        self.batch.is_empty() && !self.wants_snapshot()
     }
 
     /// Whether a flush would need a snapshot: some subscriber owes a resync
@@ -191,90 +155,45 @@ impl EventLog {
     /// up, and `snapshot` (the registered set after them) to those owed a
     /// resync. Forgets subscribers that hung up; returns whether any remain.
     pub(crate) fn flush(&mut self, snapshot: Option<Vec<SequenceHash>>) -> bool {
-        self.close_run();
-        let batch = (!self.pending.is_empty()).then(|| {
+        self.open = OpenRun::None;
+        let batch = (!self.batch.is_empty()).then(|| {
             self.last_sequence += 1;
-            self.pending_blocks = 0;
-            let removed = (self.pending.iter())
-                .map(|event| match event {
-                    CacheEvent::Removed { hashes } => hashes.len(),
-                    _ => 0,
-                })
-                .sum();
-            // Halving, not forgetting: a batch without evictions between
-            // two with them leaves the next removal run room to start.
-            self.removed_hint = (self.removed_hint / 2).max(removed);
-            self.next_batch()
+            self.send_batch()
         });
         let sequence = self.last_sequence;
-        self.subscribers.retain_mut(|subscriber| {
-            if subscriber.behind
-                && let Some(registered) = &snapshot
-            {
-                // The snapshot is the state after this batch, so a
-                // subscriber that takes it loses nothing more.
-                let resync = Resync {
-                    sequence,
-                    missed_batches: subscriber.missed_since_resync,
-                    registered: registered.clone(),
-                };
-                return match subscriber.send(EventMessage::Resync(Arc::new(resync))) {
-                    Sent::Yes => {
-                        subscriber.behind = false;
-                        subscriber.missed_since_resync = 0;
-                        true
-                    }
-                    Sent::Full => {
-                        subscriber.lose(batch.is_some());
-                        true
-                    }
-                    Sent::HungUp => false,
-                };
-            }
-            let Some(batch) = &batch else {
-                return true;
-            };
-            if subscriber.behind {
-                subscriber.lose(true);
-                return true;
-            }
-            match subscriber.send(EventMessage::Batch(batch.clone())) {
-                Sent::Yes => true,
-                Sent::Full => {
-                    subscriber.behind = true;
-                    subscriber.lose(true);
-                    true
-                }
-                Sent::HungUp => false,
-            }
-        });
+        let mut hung_up = false;
+        for subscriber in &mut self.subscribers {
+            hung_up |= !subscriber.deliver(batch.as_ref(), snapshot.as_deref(), sequence);
+        }
+        if hung_up {
+            self.subscribers.retain(|subscriber| !subscriber.hung_up);
+        }
         !self.subscribers.is_empty()
     }
 }
 
 impl EventLog {
-    /// The pending events as the next batch: in the last batch's allocation
-    /// when every subscriber has dropped it (its buffers become spares),
-    /// in a new one otherwise.
-    fn next_batch(&mut self) -> Arc<EventBatch> {
-        let sequence = self.last_sequence;
+    /// The batch built so far, numbered and shared, with an empty one in
+    /// its place: the last batch sent when every subscriber has dropped it
+    /// (allocation and buffers reused), a new one otherwise.
+    fn send_batch(&mut self) -> Arc<EventBatch> {
+        self.batch.sequence = self.last_sequence;
         if let Some(mut batch) = self.last_batch.take()
             && let Some(last) = Arc::get_mut(&mut batch)
         {
-            self.spares.reclaim(&mut last.events);
-            last.sequence = sequence;
-            std::mem::swap(&mut last.events, &mut self.pending);
+            std::mem::swap(last, &mut self.batch);
+            self.batch.clear();
             self.last_batch = Some(batch.clone());
             return batch;
         }
-        // A batch is a removal run and a few stored runs: room for as many
-        // events as this one had (and a removal and a store at least), so
-        // the next does not regrow.
-        let room = Vec::with_capacity(self.pending.len().max(2));
-        let batch = Arc::new(EventBatch {
-            sequence,
-            events: std::mem::replace(&mut self.pending, room),
-        });
+        // Room for as much as this one held, so the next does not regrow.
+        let room = EventBatch {
+            sequence: 0,
+            hashes: Vec::with_capacity(self.batch.hashes.len()),
+            tokens: Vec::with_capacity(self.batch.tokens.len()),
+            spans: Vec::with_capacity(self.batch.spans.len()),
+        };
+        let batch = Arc::new(std::mem::replace(&mut self.batch, room));
         self.last_batch = Some(batch.clone());
         batch
     }
@@ -287,6 +206,53 @@ enum Sent {
 }
 
 impl Subscriber {
+    /// Sends this flush's `batch` (if any) or, when owed one and there is a
+    /// `snapshot` (the registered set after the batch), a resync; whether
+    /// the receiver is still there.
+    fn deliver(
+        &mut self,
+        batch: Option<&Arc<EventBatch>>,
+        snapshot: Option<&[SequenceHash]>,
+        sequence: u64,
+    ) -> bool {
+        let sent = match (self.behind, snapshot, batch) {
+            (true, Some(registered), _) => {
+                // The snapshot is the state after this batch, so a
+                // subscriber that takes it loses nothing more.
+                let resync = Resync {
+                    sequence,
+                    missed_batches: self.missed_since_resync,
+                    registered: registered.to_vec(),
+                };
+                let sent = self.send(EventMessage::Resync(Arc::new(resync)));
+                match sent {
+                    Sent::Yes => {
+                        self.behind = false;
+                        self.missed_since_resync = 0;
+                    }
+                    Sent::Full => self.lose(batch.is_some()),
+                    Sent::HungUp => {}
+                }
+                sent
+            }
+            (_, _, None) => Sent::Yes,
+            (true, None, Some(_)) => {
+                self.lose(true);
+                Sent::Yes
+            }
+            (false, _, Some(batch)) => {
+                let sent = self.send(EventMessage::Batch(batch.clone()));
+                if let Sent::Full = sent {
+                    self.behind = true;
+                    self.lose(true);
+                }
+                sent
+            }
+        };
+        self.hung_up = matches!(sent, Sent::HungUp);
+        !self.hung_up
+    }
+
     fn send(&self, message: EventMessage) -> Sent {
         match self.sender.try_send(message) {
             Ok(()) => Sent::Yes,

@@ -264,7 +264,7 @@ impl PoolState {
         self.inactive.on_evicted(id, |b| slots[b.index()].epoch);
         self.counters.evictions += 1;
         if let Some(events) = &mut self.events {
-            events.removed(hash);
+            events.removed(hash.value());
         }
         Some((id, hash))
     }
@@ -447,7 +447,7 @@ impl PoolState {
     /// `tokens` tokens is coming.
     pub(crate) fn expect_registration(&mut self, blocks: usize, tokens: usize) {
         if let Some(log) = &mut self.events {
-            log.expect_run(blocks, tokens);
+            log.reserve(blocks, tokens);
         }
     }
 

@@ -15,9 +15,17 @@ use crate::{BLOCK_SIZE, Gpu, chain, manager, register, stage};
 /// The tokens a test block holds: derived from its hash, so a mirror can
 /// check every `Stored` carried the right ones.
 fn tokens_of(hash: SequenceHash) -> Vec<u32> {
+    tokens_of_value(hash.value())
+}
+
+fn tokens_of_value(value: u128) -> Vec<u32> {
     (0..BLOCK_SIZE as u32)
-        .map(|i| (hash.value() as u32).wrapping_mul(31).wrapping_add(i))
+        .map(|i| (value as u32).wrapping_mul(31).wrapping_add(i))
         .collect()
+}
+
+fn values(hashes: &[SequenceHash]) -> Vec<u128> {
+    hashes.iter().map(|h| h.value()).collect()
 }
 
 /// Allocates, stages and registers one block per hash, with their tokens.
@@ -58,11 +66,11 @@ impl Mirror {
                 self.resyncs += 1;
             }
             EventMessage::Batch(batch) => {
-                if batch.sequence != self.sequence + 1 {
-                    return Err(format!("batch {} after {}", batch.sequence, self.sequence));
+                if batch.sequence() != self.sequence + 1 {
+                    return Err(format!("batch {} after {}", batch.sequence(), self.sequence));
                 }
-                self.sequence = batch.sequence;
-                for event in &batch.events {
+                self.sequence = batch.sequence();
+                for event in batch.events() {
                     self.apply_event(event)?;
                 }
             }
@@ -70,34 +78,33 @@ impl Mirror {
         Ok(())
     }
 
-    fn apply_event(&mut self, event: &CacheEvent) -> Result<(), String> {
+    fn apply_event(&mut self, event: CacheEvent<'_>) -> Result<(), String> {
         match event {
-            CacheEvent::Stored { hashes, tokens } => {
+            CacheEvent::Stored {
+                parent,
+                hashes,
+                tokens,
+            } => {
                 let first = hashes.first().ok_or("empty Stored")?;
-                if let Some(parent) = first.parent()
+                if let Some(parent) = parent
                     && !self.registered.contains(&parent)
                 {
-                    return Err(format!("{first:?} stored before its parent"));
+                    return Err(format!("{first:#x} stored before its parent"));
                 }
-                for pair in hashes.windows(2) {
-                    if pair[1].parent() != Some(pair[0].value()) {
-                        return Err(format!("{:?} does not continue the run", pair[1]));
-                    }
-                }
-                let expected: Vec<u32> = hashes.iter().flat_map(|&h| tokens_of(h)).collect();
-                if !tokens.is_empty() && *tokens != expected {
+                let expected: Vec<u32> = hashes.iter().flat_map(|&h| tokens_of_value(h)).collect();
+                if !tokens.is_empty() && tokens != expected {
                     return Err(format!("wrong tokens for {hashes:?}: {tokens:?}"));
                 }
-                for hash in hashes {
-                    if !self.registered.insert(hash.value()) {
-                        return Err(format!("{hash:?} stored twice"));
+                for &hash in hashes {
+                    if !self.registered.insert(hash) {
+                        return Err(format!("{hash:#x} stored twice"));
                     }
                 }
             }
             CacheEvent::Removed { hashes } => {
                 for hash in hashes {
-                    if !self.registered.remove(&hash.value()) {
-                        return Err(format!("{hash:?} removed but never stored"));
+                    if !self.registered.remove(hash) {
+                        return Err(format!("{hash:#x} removed but never stored"));
                     }
                 }
             }
@@ -114,9 +121,10 @@ impl Mirror {
     }
 }
 
-fn batch_events(message: Option<EventMessage>) -> Vec<CacheEvent> {
+/// The events of a message that must be a batch.
+fn batch_events(message: Option<EventMessage>) -> Arc<EventBatch> {
     match message {
-        Some(EventMessage::Batch(batch)) => batch.events.clone(),
+        Some(EventMessage::Batch(batch)) => batch,
         other => panic!("expected a batch, got {other:?}"),
     }
 }
@@ -149,13 +157,14 @@ fn a_step_names_a_chain_in_one_stored_with_its_tokens_then_its_evictions() {
     let first = register_with_tokens(&manager, &hashes[..2]);
     let second = register_with_tokens(&manager, &hashes[2..]);
     manager.flush_events();
-    let events = batch_events(subscription.try_recv());
+    let batch = batch_events(subscription.try_recv());
     let tokens: Vec<u32> = hashes.iter().flat_map(|&h| tokens_of(h)).collect();
     assert_eq!(
-        events,
+        batch.events().collect::<Vec<_>>(),
         [CacheEvent::Stored {
-            hashes: hashes.clone(),
-            tokens
+            parent: None,
+            hashes: &values(&hashes),
+            tokens: &tokens
         }],
         "two registrations continuing one chain are one run"
     );
@@ -165,9 +174,9 @@ fn a_step_names_a_chain_in_one_stored_with_its_tokens_then_its_evictions() {
     let allocation = manager.allocate_blocks_with_evictions(3).unwrap();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()),
+        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
         [CacheEvent::Removed {
-            hashes: allocation.evicted.clone()
+            hashes: &values(&allocation.evicted)
         }]
     );
     assert_eq!(allocation.evicted, [hashes[2], hashes[1]]);
@@ -187,7 +196,7 @@ fn batches_are_numbered_per_flush_and_empty_flushes_send_nothing() {
         let Some(EventMessage::Batch(batch)) = subscription.try_recv() else {
             panic!("one batch per flush with events");
         };
-        assert_eq!(batch.sequence, i as u64 + 1);
+        assert_eq!(batch.sequence(), i as u64 + 1);
         assert!(
             subscription.try_recv().is_none(),
             "the empty flush sent nothing"
@@ -208,12 +217,12 @@ fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean
     let Some(EventMessage::Batch(kept)) = subscription.try_recv() else {
         panic!("a batch");
     };
-    let kept_events = kept.events.clone();
+    let kept_events = EventBatch::clone(&kept);
     // The log cannot take back a batch this subscriber still holds.
     let second_blocks = register_with_tokens(&manager, &chain(20, 1));
     manager.flush_events();
     let second = batch_events(subscription.try_recv());
-    assert_eq!(kept.events, kept_events, "a kept batch is untouched");
+    assert_eq!(*kept, kept_events, "a kept batch is untouched");
     assert_eq!(second.len(), 1);
     drop(kept);
     // Now every holder dropped the latest batch: the next one reuses its
@@ -223,9 +232,9 @@ fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean
     let allocation = manager.allocate_blocks_with_evictions(8).unwrap();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()),
+        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
         [CacheEvent::Removed {
-            hashes: allocation.evicted.clone()
+            hashes: &values(&allocation.evicted)
         }]
     );
     drop(allocation);
@@ -234,10 +243,11 @@ fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean
     manager.flush_events();
     let tokens: Vec<u32> = third_chain.iter().flat_map(|&h| tokens_of(h)).collect();
     assert_eq!(
-        batch_events(subscription.try_recv()),
+        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
         [CacheEvent::Stored {
-            hashes: third_chain,
-            tokens
+            parent: None,
+            hashes: &values(&third_chain),
+            tokens: &tokens
         }]
     );
 }
@@ -268,7 +278,10 @@ fn clearing_an_unpinned_cache_is_one_cleared_event() {
     subscription.drain();
     manager.clear_cache();
     manager.flush_events();
-    assert_eq!(batch_events(subscription.try_recv()), [CacheEvent::Cleared]);
+    assert_eq!(
+        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        [CacheEvent::Cleared]
+    );
 }
 
 #[test]
@@ -281,8 +294,10 @@ fn clearing_around_pinned_blocks_removes_only_the_cached_ones() {
     let evicted = manager.clear_cache();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()),
-        [CacheEvent::Removed { hashes: evicted }],
+        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        [CacheEvent::Removed {
+            hashes: &values(&evicted)
+        }],
         "the pinned block is still matchable, so this is not AllBlocksCleared"
     );
     drop(pinned);
@@ -391,7 +406,7 @@ fn an_unflushed_pool_sends_its_events_at_the_pending_cap() {
     let Some(EventMessage::Batch(batch)) = subscription.try_recv() else {
         panic!("the pool flushed by itself at the cap");
     };
-    let stored: usize = (batch.events.iter())
+    let stored: usize = (batch.events())
         .map(|event| match event {
             CacheEvent::Stored { hashes, .. } => hashes.len(),
             _ => 0,
@@ -457,7 +472,7 @@ proptest! {
         let mut pinned: Vec<ImmutableBlocks<Gpu>> = Vec::new();
         let mut seen: HashSet<SequenceHash> = HashSet::new();
         // Batches a slow consumer still holds, with their events as received.
-        let mut kept: Vec<(Arc<EventBatch>, Vec<CacheEvent>)> = Vec::new();
+        let mut kept: Vec<(Arc<EventBatch>, EventBatch)> = Vec::new();
         for op in ops {
             match op {
                 Op::Register { first, len, tokens } => {
@@ -484,20 +499,20 @@ proptest! {
                 Op::ReadKeeping => {
                     for message in subscription.drain() {
                         if let EventMessage::Batch(batch) = &message {
-                            kept.push((batch.clone(), batch.events.clone()));
+                            kept.push((batch.clone(), EventBatch::clone(batch)));
                         }
                         mirror.apply(message).map_err(TestCaseError::fail)?;
                     }
                 }
                 Op::DropKept => {
                     for (batch, events) in kept.drain(..) {
-                        prop_assert_eq!(&batch.events, &events, "a held batch changed");
+                        prop_assert_eq!(&*batch, &events, "a held batch changed");
                     }
                 }
             }
         }
         for (batch, events) in &kept {
-            prop_assert_eq!(&batch.events, events, "a held batch changed");
+            prop_assert_eq!(&**batch, events, "a held batch changed");
         }
         // Read, flush (a resync owed goes out now there is room), read.
         mirror.drain(&subscription).map_err(TestCaseError::fail)?;

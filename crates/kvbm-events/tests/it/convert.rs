@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kvbm_blocks::{BlockManager, CacheEvent, EventBatch, EventMessage, Resync, SequenceHash};
+use kvbm_blocks::{BlockManager, EventBatch, EventMessage, Resync, SequenceHash};
 use kvbm_events::{BlockHash, HashForm, KvEvent, WireFormat, decode, encode};
 use proptest::prelude::*;
 
@@ -22,22 +22,47 @@ fn chain(len: usize, seed: u128) -> Vec<SequenceHash> {
     hashes
 }
 
-fn event() -> impl Strategy<Value = CacheEvent> {
+/// One event to push into a batch.
+#[derive(Clone, Debug)]
+enum Event {
+    Stored(Vec<SequenceHash>, Vec<u32>),
+    Removed(Vec<SequenceHash>),
+    Cleared,
+}
+
+fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
         (1..5usize, any::<u128>(), any::<bool>(), any::<u32>()).prop_map(
-            |(len, seed, with_tokens, token)| CacheEvent::Stored {
-                hashes: chain(len, seed),
-                tokens: match with_tokens {
+            |(len, seed, with_tokens, token)| Event::Stored(
+                chain(len, seed),
+                match with_tokens {
                     true => vec![token; len * 4],
                     false => Vec::new(),
                 },
-            }
+            )
         ),
-        (1..5usize, any::<u128>()).prop_map(|(len, seed)| CacheEvent::Removed {
-            hashes: chain(len, seed),
-        }),
-        Just(CacheEvent::Cleared),
+        (1..5usize, any::<u128>()).prop_map(|(len, seed)| Event::Removed(chain(len, seed))),
+        Just(Event::Cleared),
     ]
+}
+
+fn values(hashes: &[SequenceHash]) -> Vec<u128> {
+    hashes.iter().map(|h| h.value()).collect()
+}
+
+fn batch_of(events: &[Event]) -> EventBatch {
+    let mut batch = EventBatch::new(1);
+    for event in events {
+        match event {
+            Event::Stored(hashes, tokens) => {
+                let parent = hashes.first().and_then(|h| h.parent());
+                batch.push_stored(parent, &values(hashes), tokens);
+            }
+            Event::Removed(hashes) => batch.push_removed(&values(hashes)),
+            Event::Cleared => batch.push_cleared(),
+        }
+    }
+    batch
 }
 
 fn format() -> impl Strategy<Value = WireFormat> {
@@ -68,7 +93,7 @@ proptest! {
                 missed_batches: 1,
                 registered: chain(2, 5),
             })),
-            false => EventMessage::Batch(Arc::new(EventBatch { sequence: 1, events })),
+            false => EventMessage::Batch(Arc::new(batch_of(&events))),
         };
         let batch = format.batch(&message, ts);
         let bytes = format.encode(&message, ts).unwrap();

@@ -39,9 +39,9 @@ impl Mirror {
                     self.registered = resync.registered.iter().map(|h| h.value()).collect();
                 }
                 EventMessage::Batch(batch) => {
-                    prop_assert_eq!(batch.sequence, self.sequence + 1);
-                    self.sequence = batch.sequence;
-                    for event in &batch.events {
+                    prop_assert_eq!(batch.sequence(), self.sequence + 1);
+                    self.sequence = batch.sequence();
+                    for event in batch.events() {
                         self.apply(event)?;
                     }
                 }
@@ -50,30 +50,30 @@ impl Mirror {
         Ok(())
     }
 
-    fn apply(&mut self, event: &CacheEvent) -> Result<(), TestCaseError> {
+    fn apply(&mut self, event: CacheEvent<'_>) -> Result<(), TestCaseError> {
         match event {
-            CacheEvent::Stored { hashes, tokens } => {
+            CacheEvent::Stored {
+                parent,
+                hashes,
+                tokens,
+            } => {
                 prop_assert_eq!(tokens.len(), hashes.len() * BS as usize);
-                for (hash, tokens) in hashes.iter().zip(tokens.chunks(BS as usize)) {
-                    let parent = hash.parent();
-                    prop_assert!(
-                        parent.is_none_or(|p| self.registered.contains(&p)),
-                        "{hash:?} stored before its parent"
-                    );
-                    let previous = parent.unwrap_or(Salt::NONE.get());
-                    prop_assert_eq!(hash.value(), chain_hash(previous, block_hash(tokens)));
-                    prop_assert!(
-                        self.registered.insert(hash.value()),
-                        "{hash:?} stored twice"
-                    );
+                prop_assert!(
+                    parent.is_none_or(|p| self.registered.contains(&p)),
+                    "{:#x} stored before its parent",
+                    hashes[0]
+                );
+                // Each block's parent is the one before it, the first's the run's.
+                let mut previous = parent.unwrap_or(Salt::NONE.get());
+                for (&hash, tokens) in hashes.iter().zip(tokens.chunks(BS as usize)) {
+                    prop_assert_eq!(hash, chain_hash(previous, block_hash(tokens)));
+                    prop_assert!(self.registered.insert(hash), "{:#x} stored twice", hash);
+                    previous = hash;
                 }
             }
             CacheEvent::Removed { hashes } => {
                 for hash in hashes {
-                    prop_assert!(
-                        self.registered.remove(&hash.value()),
-                        "{hash:?} never stored"
-                    );
+                    prop_assert!(self.registered.remove(hash), "{:#x} never stored", hash);
                 }
             }
             CacheEvent::Cleared => self.registered.clear(),

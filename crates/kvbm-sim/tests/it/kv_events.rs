@@ -25,26 +25,29 @@ impl EventSink for Mirror {
                 self.registered = resync.registered.iter().map(|h| h.value()).collect();
             }
             EventMessage::Batch(batch) => {
-                for event in &batch.events {
+                for event in batch.events() {
                     match event {
-                        CacheEvent::Stored { hashes, tokens } => {
+                        CacheEvent::Stored {
+                            parent,
+                            hashes,
+                            tokens,
+                        } => {
                             if tokens.len() != hashes.len() * self.block_size {
                                 return fail(format!("{} tokens for {hashes:?}", tokens.len()));
                             }
-                            let parent = hashes[0].parent();
                             if parent.is_some_and(|p| !self.registered.contains(&p)) {
-                                return fail(format!("{:?} before its parent", hashes[0]));
+                                return fail(format!("{:#x} before its parent", hashes[0]));
                             }
-                            for hash in hashes {
-                                if !self.registered.insert(hash.value()) {
-                                    return fail(format!("{hash:?} stored twice"));
+                            for &hash in hashes {
+                                if !self.registered.insert(hash) {
+                                    return fail(format!("{hash:#x} stored twice"));
                                 }
                             }
                         }
                         CacheEvent::Removed { hashes } => {
                             for hash in hashes {
-                                if !self.registered.remove(&hash.value()) {
-                                    return fail(format!("{hash:?} removed, never stored"));
+                                if !self.registered.remove(hash) {
+                                    return fail(format!("{hash:#x} removed, never stored"));
                                 }
                             }
                         }
