@@ -3,8 +3,10 @@
 use std::sync::{Mutex, PoisonError, RwLock};
 
 use dashmap::DashMap;
+use dashmap::mapref::one::Ref;
 use foldhash::fast::RandomState;
-use kvbm_events::{KvEvent, KvEventBatch};
+use kvbm_blocks::{CacheEvent, EventMessage};
+use kvbm_events::{KvEvent, KvEventBatch, WireFormat};
 
 use crate::{Candidate, Policy, PrefixIndex, RouteRequest, RouterError, block_key};
 
@@ -144,31 +146,88 @@ impl Router {
     ///
     /// [`RouterError::UnknownWorker`] (nothing changes).
     pub fn apply(&self, worker: WorkerId, event: &KvEvent) -> Result<(), RouterError> {
-        let state = (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))?;
+        let state = self.worker(worker)?;
         match event {
             KvEvent::BlockStored(stored) => {
                 let hashes = &stored.block_hashes;
-                let new = self.index.insert_many(worker, hashes.iter().map(block_key));
-                let mut stats = lock(&state.stats);
-                stats.held_blocks += new;
-                stats.stored_blocks += hashes.len() as u64;
+                self.store(worker, &state, hashes.iter().map(block_key), hashes.len());
             }
             KvEvent::BlockRemoved(removed) => {
                 let hashes = &removed.block_hashes;
-                let held = self.index.remove_many(worker, hashes.iter().map(block_key));
-                let mut stats = lock(&state.stats);
-                stats.held_blocks = stats.held_blocks.saturating_sub(held);
-                stats.unknown_removals += (hashes.len() - held) as u64;
-                stats.removed_blocks += hashes.len() as u64;
+                self.forget(worker, &state, hashes.iter().map(block_key), hashes.len());
             }
-            KvEvent::AllBlocksCleared => {
-                self.index.remove_worker(worker);
-                let mut stats = lock(&state.stats);
-                stats.held_blocks = 0;
-                stats.clears += 1;
-            }
+            KvEvent::AllBlocksCleared => self.clear(worker, &state),
         }
         Ok(())
+    }
+
+    /// Applies one message of a block pool's own subscription
+    /// (`BlockManager::subscribe_events`) exactly as [`apply`](Self::apply)
+    /// applies `format.events(message)`, vLLM's events of it, without
+    /// building them (no token copies, no allocation per event): for an
+    /// engine and its router in one process. Keys are the hashes in
+    /// `format`'s wire form, so the index is the same either way.
+    ///
+    /// # Errors
+    ///
+    /// [`RouterError::UnknownWorker`] (nothing changes), even for an
+    /// empty batch.
+    pub fn apply_message(
+        &self,
+        worker: WorkerId,
+        message: &EventMessage,
+        format: &WireFormat,
+    ) -> Result<(), RouterError> {
+        let state = self.worker(worker)?;
+        let key = |&value: &u128| block_key(&format.hash_value(value));
+        match message {
+            EventMessage::Batch(batch) => {
+                for event in batch.events() {
+                    match event {
+                        CacheEvent::Stored { hashes, .. } => {
+                            self.store(worker, &state, hashes.iter().map(key), hashes.len());
+                        }
+                        CacheEvent::Removed { hashes } => {
+                            self.forget(worker, &state, hashes.iter().map(key), hashes.len());
+                        }
+                        CacheEvent::Cleared => self.clear(worker, &state),
+                    }
+                }
+            }
+            // As `WireFormat::events`: a snapshot has no tokens to
+            // re-announce, so the wire says to forget everything.
+            EventMessage::Resync(_) => self.clear(worker, &state),
+        }
+        Ok(())
+    }
+
+    fn worker(&self, worker: WorkerId) -> Result<Ref<'_, WorkerId, Worker>, RouterError> {
+        (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))
+    }
+
+    /// `worker` stored the `count` blocks `keys`.
+    fn store(&self, worker: WorkerId, state: &Worker, keys: impl Iterator<Item = u128>, count: usize) {
+        let new = self.index.insert_many(worker, keys);
+        let mut stats = lock(&state.stats);
+        stats.held_blocks += new;
+        stats.stored_blocks += count as u64;
+    }
+
+    /// `worker` evicted the `count` blocks `keys`.
+    fn forget(&self, worker: WorkerId, state: &Worker, keys: impl Iterator<Item = u128>, count: usize) {
+        let held = self.index.remove_many(worker, keys);
+        let mut stats = lock(&state.stats);
+        stats.held_blocks = stats.held_blocks.saturating_sub(held);
+        stats.unknown_removals += (count - held) as u64;
+        stats.removed_blocks += count as u64;
+    }
+
+    /// `worker` holds nothing any more.
+    fn clear(&self, worker: WorkerId, state: &Worker) {
+        self.index.remove_worker(worker);
+        let mut stats = lock(&state.stats);
+        stats.held_blocks = 0;
+        stats.clears += 1;
     }
 
     /// Applies a batch of `worker`'s events, in order.

@@ -200,8 +200,8 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
 }
 
 fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
-    let config = args.engine.config()?;
     let exporter = install_exporter(&args.metrics)?;
+    let config = args.engine.config()?.with_metrics(exporter.is_some());
     let loaded = load_replay(&args.trace, progress)?;
     let mut sink = event_sink(args, config.block_size)?;
     let events = sink
@@ -221,8 +221,9 @@ fn run_cluster(
     out: &mut impl Write,
     progress: &mut Bar,
 ) -> Result<(), Failure> {
-    let config = args.config()?;
     let exporter = install_exporter(&args.metrics)?;
+    let mut config = args.config()?;
+    config.engine = config.engine.with_metrics(exporter.is_some());
     let loaded = load_replay(&args.trace, progress)?;
     let report = kvbm_sim::mode::cluster::replay(&loaded.trace, &config)?;
     finish_exporter(exporter, &args.metrics)?;

@@ -94,3 +94,29 @@ fn every_series_ends_equal_to_the_census_and_the_pool() {
         assert_eq!(seen.gauges[gauge], 0.0, "{gauge}");
     }
 }
+
+/// With metrics off nothing is recorded, even with a recorder installed;
+/// turned back on, the counters catch up to the totals at the next step.
+#[test]
+fn metrics_off_record_nothing_and_resume_at_the_totals() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut s = scheduler(6, SchedulerConfig::default());
+    s.set_metric_labels([("engine".to_owned(), "3".to_owned())]);
+    s.set_metrics_enabled(false);
+    s.submit(request(1, 0..8, 4)).unwrap();
+    metrics::with_local_recorder(&recorder, || run(&mut s));
+    run(&mut s);
+    let mut seen = Seen::default();
+    seen.take(&snapshotter);
+    assert!(seen.counters.is_empty() && seen.gauges.is_empty());
+    let generated = s.census().generated_tokens;
+    assert!(generated > 0, "the steps ran");
+    s.set_metrics_enabled(true);
+    metrics::with_local_recorder(&recorder, || run(&mut s));
+    seen.take(&snapshotter);
+    assert_eq!(
+        seen.counters[metric_names::GENERATION_TOKENS],
+        s.census().generated_tokens
+    );
+}

@@ -1,6 +1,7 @@
 //! kvbm-router through its public API.
 
 mod index;
+mod message;
 mod policies;
 mod router;
 

@@ -3,11 +3,12 @@
 //! model), behind a [`kvbm_router::Router`].
 //!
 //! Each engine's cache events reach the router the way they would cross the
-//! wire, minus the socket: the pool's subscription, [`WireFormat`] into
-//! vLLM's `KvEvent`s, [`Router::apply`]. After each of its steps an engine
-//! reports its load (active blocks, prompt tokens not yet prefilled, running
-//! requests); between steps the router counts what it has sent each engine
-//! since (as Dynamo's router does), so a burst of arrivals does not all go
+//! wire, minus the socket: the pool's subscription, keyed in [`WireFormat`]'s
+//! hash form, applied by [`Router::apply_message`] (the same index as
+//! [`Router::apply`] of vLLM's `KvEvent`s, without building them). After
+//! each of its steps an engine reports its load (active blocks, prompt
+//! tokens not yet prefilled, running requests) when it changed, and again
+//! after each request routed to it, so a burst of arrivals does not all go
 //! to the engine that looked idlest.
 //!
 //! Simulated time is discrete-event: the next thing to happen is either an
@@ -277,6 +278,9 @@ impl ClusterReport {
 struct Engine<'a> {
     id: WorkerId,
     sim: ServeSim<'a>,
+    /// The load the router last heard of: most decode steps change none of
+    /// it, and then there is nothing to tell.
+    reported: Option<WorkerLoad>,
 }
 
 /// Feeds an engine's events to the router, as a subscriber of its wire
@@ -289,12 +293,11 @@ struct RouterFeed<'r> {
 
 impl EventSink for RouterFeed<'_> {
     fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
-        for event in self.format.events(message) {
-            (self.router.apply(self.worker, &event)).map_err(|error| SimError::Events {
+        (self.router.apply_message(self.worker, message, self.format)).map_err(|error| {
+            SimError::Events {
                 reason: error.to_string(),
-            })?;
-        }
-        Ok(())
+            }
+        })
     }
 }
 
@@ -368,6 +371,7 @@ fn replay_policy(
             .eviction(engine_config.eviction.policy())
             .build()?;
         let mut scheduler = Scheduler::new(manager, engine_config.scheduler)?;
+        scheduler.set_metrics_enabled(engine_config.metrics);
         let labels = [
             ("engine", i.to_string()),
             ("policy", kind.name().to_owned()),
@@ -379,7 +383,11 @@ fn replay_policy(
         router.add_worker(id).map_err(|error| SimError::Events {
             reason: error.to_string(),
         })?;
-        engines.push(Engine { id, sim });
+        engines.push(Engine {
+            id,
+            sim,
+            reported: None,
+        });
     }
     let mut policy = config.policy(kind);
     let mut arrivals: Vec<usize> = (0..trace.len()).collect();
@@ -469,14 +477,18 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Tells the router this engine's load.
-    fn report_load(&self, router: &Router) -> Result<(), SimError> {
+    /// Tells the router this engine's load, if it changed.
+    fn report_load(&mut self, router: &Router) -> Result<(), SimError> {
         let (active_blocks, queued_prefill_tokens, running_requests) = self.sim.load();
         let load = WorkerLoad {
             active_blocks,
             queued_prefill_tokens,
             running_requests,
         };
+        if self.reported == Some(load) {
+            return Ok(());
+        }
+        self.reported = Some(load);
         router
             .set_load(self.id, load)
             .map_err(|error| SimError::Events {

@@ -120,6 +120,11 @@ pub struct ServeConfig {
     /// Priorities of the requests whose trace line has none, drawn by
     /// share; `None` (the default) makes them all `Normal`.
     pub priorities: Option<PriorityMix>,
+    /// Whether the scheduler records its metrics (default `true`; see
+    /// [`Scheduler::set_metrics_enabled`]). The command line turns them off
+    /// unless `--prometheus` or `--metrics-out` asks for them: a step then
+    /// skips reading counts under the queue's and the pool's locks.
+    pub metrics: bool,
 }
 
 impl Default for ServeConfig {
@@ -134,6 +139,7 @@ impl Default for ServeConfig {
             spec_accept: 0.7,
             seed: 0,
             priorities: None,
+            metrics: true,
         }
     }
 }
@@ -187,6 +193,12 @@ impl ServeConfig {
     /// Sets [`priorities`](Self::priorities).
     pub fn with_priorities(mut self, mix: PriorityMix) -> Self {
         self.priorities = Some(mix);
+        self
+    }
+
+    /// Sets [`metrics`](Self::metrics).
+    pub fn with_metrics(mut self, metrics: bool) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -262,7 +274,8 @@ pub fn replay_with_events(
         .block_size(block_size)
         .eviction(config.eviction.policy())
         .build()?;
-    let scheduler = Scheduler::new(manager, config.scheduler)?;
+    let mut scheduler = Scheduler::new(manager, config.scheduler)?;
+    scheduler.set_metrics_enabled(config.metrics);
     progress.start("serving", trace.len() as u64);
     let mut sim = ServeSim::new(trace, config, scheduler);
     if events.is_some() {
@@ -440,7 +453,8 @@ impl<'a> ServeSim<'a> {
 
     /// Blocks in use, prompt tokens not yet prefilled, running requests.
     pub(crate) fn load(&self) -> (u64, u64, u64) {
-        let active = self.scheduler.manager().metrics().in_use_blocks as u64;
+        let manager = self.scheduler.manager();
+        let active = (manager.total_blocks() - manager.available_blocks()) as u64;
         // The sim's own count of admitted requests (the plans show every
         // admission and exit): the census would lock the queue each step.
         debug_assert_eq!(self.counters.running, self.scheduler.census().running);
