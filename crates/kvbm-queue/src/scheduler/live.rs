@@ -1,6 +1,7 @@
 //! Live ids and [`SubmitHandle`]: submitting and cancelling from other threads.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{InferenceRequest, RequestId};
@@ -16,7 +17,17 @@ use crate::{Rejected, Request, RequestQueue};
 /// be mistaken for the cancelled request (by the scheduler's parked progress,
 /// or by a front end reading the report).
 #[derive(Clone, Debug, Default)]
-pub(super) struct LiveIds(Arc<Mutex<LiveState>>);
+pub(super) struct LiveIds(Arc<Live>);
+
+#[derive(Debug, Default)]
+struct Live {
+    state: Mutex<LiveState>,
+    /// Whether `state.cancelled` may be non-empty: set and cleared under the
+    /// lock, read without it, so a step with nothing cancelled (nearly all)
+    /// does not take the lock to find out. A cancel that races a step's
+    /// look is seen at the next step, as it would be after the lock.
+    any_cancelled: AtomicBool,
+}
 
 #[derive(Clone, Debug, Default)]
 pub(super) struct LiveState {
@@ -28,7 +39,7 @@ pub(super) struct LiveState {
 
 impl LiveIds {
     pub(super) fn state(&self) -> MutexGuard<'_, LiveState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Queues `request` unless its id is live.
@@ -67,6 +78,7 @@ impl LiveIds {
             if !state.cancelled.insert(id) {
                 return true;
             }
+            self.0.any_cancelled.store(true, Ordering::Release);
             queue.remove(id)
         };
         // The request (if it was waiting) is dropped outside both locks.
@@ -82,6 +94,9 @@ impl LiveIds {
     /// The ids cancelled and not yet ended; each stays listed until the
     /// scheduler retires it.
     pub(super) fn cancelled(&self) -> Vec<RequestId> {
+        if !self.0.any_cancelled.load(Ordering::Acquire) {
+            return Vec::new();
+        }
         let state = self.state();
         if state.cancelled.is_empty() {
             return Vec::new();
@@ -94,7 +109,9 @@ impl LiveIds {
     pub(super) fn retire(&self, id: RequestId) {
         let mut state = self.state();
         state.live.remove(&id);
-        state.cancelled.remove(&id);
+        if state.cancelled.remove(&id) && state.cancelled.is_empty() {
+            self.0.any_cancelled.store(false, Ordering::Release);
+        }
     }
 }
 

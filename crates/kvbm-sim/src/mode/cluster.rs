@@ -315,14 +315,8 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(
-        trace: &Trace,
-        index: usize,
-        block_size: usize,
-        format: &WireFormat,
-        scratch: &mut Vec<u32>,
-    ) -> Self {
-        let prompt = (trace.requests().get(index)).and_then(|r| shared_prompt(r, scratch));
+    fn new(trace: &Trace, index: usize, block_size: usize, format: &WireFormat) -> Self {
+        let prompt = (trace.requests().get(index)).and_then(shared_prompt);
         let mut keys = Vec::new();
         if let Some(prompt) = &prompt {
             request_keys(prompt, block_size, format, &mut keys);
@@ -399,9 +393,7 @@ fn replay_policy(
         format: &format,
     };
     for window in arrivals.chunks(PREPARE_WINDOW) {
-        let prepared = threads.map(window, |scratch, index| {
-            Prepared::new(trace, index, block_size, &format, scratch)
-        });
+        let prepared = threads.map(window, |index| Prepared::new(trace, index, block_size, &format));
         for (&index, Prepared { prompt, keys }) in window.iter().zip(prepared) {
             let at = engines[0].sim.arrival_of(index);
             // Every step that begins before the arrival, on every engine.
@@ -542,22 +534,11 @@ impl Threads {
             })
     }
 
-    /// `f` of each of `items`, in order, with a scratch buffer per thread.
-    fn map<T: Send>(
-        &self,
-        items: &[usize],
-        f: impl Fn(&mut Vec<u32>, usize) -> T + Sync,
-    ) -> Vec<T> {
+    /// `f` of each of `items`, in order.
+    fn map<T: Send>(&self, items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
         match self {
-            Self::Pool(pool) => pool.install(|| {
-                (items.par_iter())
-                    .map_init(Vec::new, |scratch, &item| f(scratch, item))
-                    .collect()
-            }),
-            Self::Here => {
-                let mut scratch = Vec::new();
-                items.iter().map(|&item| f(&mut scratch, item)).collect()
-            }
+            Self::Pool(pool) => pool.install(|| items.par_iter().map(|&item| f(item)).collect()),
+            Self::Here => items.iter().map(|&item| f(item)).collect(),
         }
     }
 

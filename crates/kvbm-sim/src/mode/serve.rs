@@ -327,8 +327,6 @@ pub(crate) struct ServeSim<'a> {
     outputs: Vec<EngineOutput>,
     /// The scheduler's plan, reused every step.
     plan: StepPlan,
-    /// Prompt tokens, reused for every request.
-    prompt: Vec<u32>,
     /// Time to first token, in simulated seconds, through the `metrics`
     /// facade (a no-op without a recorder).
     ttft: metrics::Histogram,
@@ -403,7 +401,6 @@ impl<'a> ServeSim<'a> {
             now: 0,
             outputs: Vec::new(),
             plan: StepPlan::default(),
-            prompt: Vec::new(),
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
             events: None,
@@ -571,7 +568,7 @@ impl<'a> ServeSim<'a> {
 
     /// Request `index`'s prompt, `None` if it has none.
     pub(crate) fn prompt(&mut self, index: usize) -> Option<Arc<[u32]>> {
-        tokens::shared_prompt(self.trace.requests().get(index)?, &mut self.prompt)
+        tokens::shared_prompt(self.trace.requests().get(index)?)
     }
 
     /// Submits request `index` with its `prompt` (from
