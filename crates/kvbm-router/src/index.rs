@@ -1,58 +1,28 @@
 //! [`PrefixIndex`]: which workers hold which blocks, for many workers at
 //! once, safe to update and query from many threads.
 
-mod slots;
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
-
-use dashmap::DashMap;
 use foldhash::fast::RandomState;
 
-use self::slots::Slots;
 use crate::WorkerId;
 
-/// A block key in two halves: 8-byte aligned, so an entry with its holder
-/// mask is 24 bytes (a `u128` key would pad it to 32). The index is as
-/// large as the fleet's caches together, and its cost is cache misses.
-type Key = [u64; 2];
+/// One worker's blocks.
+type Blocks = HashSet<u128, RandomState>;
 
-fn split(key: u128) -> Key {
-    [key as u64, (key >> 64) as u64]
-}
-
-/// Workers numbered below this are bits of a block's mask; the mask's top
-/// bit says the block has holders numbered from here on, listed in the
-/// spill map.
-const INLINE_SLOTS: usize = 63;
-const SPILLED: u64 = 1 << INLINE_SLOTS;
-
-fn bit(slot: usize) -> u64 {
-    1 << slot
-}
-
-/// The inline holders of a mask, lowest number first.
-fn inline_slots(mask: u64) -> impl Iterator<Item = usize> {
-    let mut rest = mask & !SPILLED;
-    std::iter::from_fn(move || {
-        let slot = rest.trailing_zeros() as usize;
-        (rest != 0).then(|| {
-            rest &= rest - 1;
-            slot
-        })
-    })
-}
-
-/// Block key to the workers that hold the block. A key is the block's hash
-/// as the engines send it ([`block_key`](crate::block_key)); it names the
-/// block *and its whole prefix*, so one lookup per block answers "which
-/// workers have the prefix up to here".
+/// Block keys by the workers that hold them. A key is the block's hash as
+/// the engines send it ([`block_key`](crate::block_key)); it names the
+/// block *and its whole prefix*, so a worker holding a request's first `n`
+/// keys holds its first `n` blocks.
 ///
-/// Workers are numbered densely inside the index, and a block's holders
-/// are a 64-bit mask of those numbers: a block costs one 24-byte entry
-/// whether one worker holds it or sixty-three, and a request's walk keeps
-/// the workers still matching as a mask. Past 63 workers at once, the
-/// higher numbers are listed per block in a second map (correct, as costly
-/// as a list of holders per block).
+/// The index is partitioned by worker, as Dynamo's sharded indexer is:
+/// each worker's blocks are a set of their own behind their own lock. A
+/// worker's events (every block every engine stores or evicts: the bulk of
+/// a router's work) touch only its set, so workers applied from different
+/// threads never contend, and a set stays as small as one engine's cache.
+/// A request's overlap walks each worker's set while it matches: one probe
+/// per worker plus one per block matched.
 ///
 /// ```
 /// use kvbm_router::PrefixIndex;
@@ -66,14 +36,14 @@ fn inline_slots(mask: u64) -> impl Iterator<Item = usize> {
 /// ```
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
-    blocks: DashMap<Key, u64, RandomState>,
-    /// Holders numbered [`INLINE_SLOTS`] and up, sorted, of the blocks
-    /// whose mask has [`SPILLED`]. Locked only while the block's own entry
-    /// is (blocks first, then spill), or by readers holding neither.
-    spill: DashMap<Key, Vec<usize>, RandomState>,
-    /// Read-locked by every update for its whole length, write-locked to
-    /// free a number: a freed number holds no bits when it is reused.
-    slots: RwLock<Slots>,
+    /// Every worker that holds (or held) blocks, sorted by id. Read-locked
+    /// by every update and query, write-locked only when a worker is first
+    /// seen or forgotten.
+    workers: RwLock<Vec<(WorkerId, Mutex<Blocks>)>>,
+}
+
+fn lock(blocks: &Mutex<Blocks>) -> MutexGuard<'_, Blocks> {
+    blocks.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl PrefixIndex {
@@ -90,13 +60,12 @@ impl PrefixIndex {
     /// Records that `worker` holds each of `keys` (one event's blocks);
     /// how many were new.
     pub fn insert_many(&self, worker: WorkerId, keys: impl IntoIterator<Item = u128>) -> usize {
-        let (slots, slot) = self.slot_or_assign(worker);
-        let new = keys
-            .into_iter()
-            .filter(|&key| self.insert_slot(split(key), slot))
-            .count();
-        drop(slots);
-        new
+        let workers = self.workers_with(worker);
+        let Ok(at) = workers.binary_search_by_key(&worker, |(id, _)| *id) else {
+            return 0; // forgotten again meanwhile: as if stored, then cleared
+        };
+        let mut blocks = lock(&workers[at].1);
+        keys.into_iter().filter(|&key| blocks.insert(key)).count()
     }
 
     /// Records that `worker` no longer holds `key`; whether it did.
@@ -107,192 +76,89 @@ impl PrefixIndex {
     /// Records that `worker` no longer holds each of `keys`; how many it
     /// did.
     pub fn remove_many(&self, worker: WorkerId, keys: impl IntoIterator<Item = u128>) -> usize {
-        let slots = self.read_slots();
-        let Some(slot) = slots.get(worker) else {
+        let workers = self.read();
+        let Ok(at) = workers.binary_search_by_key(&worker, |(id, _)| *id) else {
             return 0;
         };
-        keys.into_iter()
-            .filter(|&key| self.remove_slot(split(key), slot))
-            .count()
+        let mut blocks = lock(&workers[at].1);
+        keys.into_iter().filter(|key| blocks.remove(key)).count()
     }
 
-    /// Forgets every block `worker` holds; how many it held. Visits the
-    /// whole index, so it costs what the index holds, not what the worker
-    /// did: for the rare clear or departure, not for every eviction.
+    /// Forgets every block `worker` holds; how many it held.
     pub fn remove_worker(&self, worker: WorkerId) -> usize {
-        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-        let Some(slot) = slots.get(worker) else {
-            return 0;
-        };
-        let mut removed = 0;
-        if slot < INLINE_SLOTS {
-            self.blocks.retain(|_, mask| {
-                removed += usize::from(*mask & bit(slot) != 0);
-                *mask &= !bit(slot);
-                *mask != 0
-            });
-        } else {
-            self.blocks.retain(|key, mask| {
-                if *mask & SPILLED != 0 {
-                    removed += usize::from(self.remove_spilled(key, slot, mask));
-                }
-                *mask != 0
-            });
+        let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+        match workers.binary_search_by_key(&worker, |(id, _)| *id) {
+            Ok(at) => {
+                let (_, blocks) = workers.remove(at);
+                blocks.into_inner().unwrap_or_else(PoisonError::into_inner).len()
+            }
+            Err(_) => 0,
         }
-        slots.release(worker);
-        removed
     }
 
     /// The workers holding `key`, in order.
     pub fn holders(&self, key: u128) -> Vec<WorkerId> {
-        let key = split(key);
-        let slots = self.read_slots();
-        let Some(mask) = self.blocks.get(&key).map(|mask| *mask) else {
-            return Vec::new();
-        };
-        let mut holders: Vec<WorkerId> = inline_slots(mask)
-            .chain(self.spilled(&key, mask))
-            .filter_map(|slot| slots.worker(slot))
-            .collect();
-        holders.sort_unstable();
-        holders
+        (self.read().iter())
+            .filter(|(_, blocks)| lock(blocks).contains(&key))
+            .map(|(id, _)| *id)
+            .collect()
     }
 
-    /// Distinct keys held by any worker.
+    /// Blocks `worker` holds.
+    pub fn held(&self, worker: WorkerId) -> usize {
+        let workers = self.read();
+        (workers.binary_search_by_key(&worker, |(id, _)| *id))
+            .map_or(0, |at| lock(&workers[at].1).len())
+    }
+
+    /// Distinct keys held by any worker. Visits every worker's blocks: for
+    /// tests and diagnostics, not the routing path.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        let workers = self.read();
+        let mut distinct = Blocks::default();
+        for (_, blocks) in workers.iter() {
+            distinct.extend(lock(blocks).iter());
+        }
+        distinct.len()
     }
 
     /// Whether no worker holds anything.
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.read().iter().all(|(_, blocks)| lock(blocks).is_empty())
     }
 
     /// For the chain of block keys of a request (its prefix first), how
     /// many leading blocks each worker holds, for every worker holding at
-    /// least the first; in worker order. Stops at the first block no
-    /// remaining worker holds, so a miss costs one lookup.
+    /// least the first; in worker order. Each worker's walk stops at its
+    /// first missing block, so a worker without the first costs one probe.
     pub fn overlaps(&self, keys: &[u128]) -> Vec<(WorkerId, usize)> {
-        let slots = self.read_slots();
-        let mut out: Vec<(usize, usize)> = Vec::new();
-        // The workers still matching: inline numbers as a mask, the rest
-        // listed (empty unless more than 63 workers hold the first block).
-        let mut alive = 0u64;
-        let mut alive_spilled: Vec<usize> = Vec::new();
-        let mut depth = 0;
-        for (i, &key) in keys.iter().enumerate() {
-            let key = split(key);
-            let Some(mask) = self.blocks.get(&key).map(|mask| *mask) else {
-                break;
-            };
-            if i == 0 {
-                alive = mask & !SPILLED;
-                alive_spilled.extend(self.spilled(&key, mask));
-            } else {
-                out.extend(inline_slots(alive & !mask).map(|slot| (slot, i)));
-                alive &= mask;
-                if !alive_spilled.is_empty() {
-                    let holders: Vec<usize> = self.spilled(&key, mask).collect();
-                    alive_spilled.retain(|slot| {
-                        let holds = holders.binary_search(slot).is_ok();
-                        if !holds {
-                            out.push((*slot, i));
-                        }
-                        holds
-                    });
-                }
-            }
-            depth = i + 1;
-            if alive == 0 && alive_spilled.is_empty() {
-                break;
+        (self.read().iter())
+            .filter_map(|(id, blocks)| {
+                let blocks = lock(blocks);
+                let depth = keys.iter().take_while(|key| blocks.contains(key)).count();
+                (depth > 0).then_some((*id, depth))
+            })
+            .collect()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Vec<(WorkerId, Mutex<Blocks>)>> {
+        self.workers.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The workers, read-locked, with `worker` among them (added if new).
+    fn workers_with(&self, worker: WorkerId) -> RwLockReadGuard<'_, Vec<(WorkerId, Mutex<Blocks>)>> {
+        {
+            let workers = self.read();
+            if workers.binary_search_by_key(&worker, |(id, _)| *id).is_ok() {
+                return workers;
             }
         }
-        out.extend(inline_slots(alive).map(|slot| (slot, depth)));
-        out.extend(alive_spilled.into_iter().map(|slot| (slot, depth)));
-        let mut overlaps: Vec<(WorkerId, usize)> = out
-            .into_iter()
-            .filter_map(|(slot, depth)| Some((slots.worker(slot)?, depth)))
-            .collect();
-        overlaps.sort_unstable();
-        overlaps
-    }
-
-    fn read_slots(&self) -> RwLockReadGuard<'_, Slots> {
-        self.slots.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The numbers lock, read, with `worker`'s number (given one if new).
-    fn slot_or_assign(&self, worker: WorkerId) -> (RwLockReadGuard<'_, Slots>, usize) {
-        loop {
-            let slots = self.read_slots();
-            if let Some(slot) = slots.get(worker) {
-                return (slots, slot);
-            }
-            drop(slots);
-            // Another thread may free it again before we read: look again.
-            (self.slots.write().unwrap_or_else(PoisonError::into_inner)).assign(worker);
-        }
-    }
-
-    fn insert_slot(&self, key: Key, slot: usize) -> bool {
-        let mut mask = self.blocks.entry(key).or_insert(0);
-        if slot < INLINE_SLOTS {
-            let new = *mask & bit(slot) == 0;
-            *mask |= bit(slot);
-            return new;
-        }
-        let mut spilled = self.spill.entry(key).or_default();
-        *mask |= SPILLED;
-        match spilled.binary_search(&slot) {
-            Ok(_) => false,
-            Err(at) => {
-                spilled.insert(at, slot);
-                true
+        {
+            let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+            if let Err(at) = workers.binary_search_by_key(&worker, |(id, _)| *id) {
+                workers.insert(at, (worker, Mutex::default()));
             }
         }
-    }
-
-    fn remove_slot(&self, key: Key, slot: usize) -> bool {
-        let mut held = false;
-        // The entry goes when its last holder does.
-        self.blocks.remove_if_mut(&key, |key, mask| {
-            if slot < INLINE_SLOTS {
-                held = *mask & bit(slot) != 0;
-                *mask &= !bit(slot);
-            } else if *mask & SPILLED != 0 {
-                held = self.remove_spilled(key, slot, mask);
-            }
-            *mask == 0
-        });
-        held
-    }
-
-    /// Takes `slot` off `key`'s spilled holders, clearing the block's
-    /// [`SPILLED`] bit with the last; whether it was there. The caller
-    /// holds the block's entry.
-    fn remove_spilled(&self, key: &Key, slot: usize, mask: &mut u64) -> bool {
-        let mut held = false;
-        let emptied = self.spill.remove_if_mut(key, |_, spilled| {
-            if let Ok(at) = spilled.binary_search(&slot) {
-                spilled.remove(at);
-                held = true;
-            }
-            spilled.is_empty()
-        });
-        if emptied.is_some() {
-            *mask &= !SPILLED;
-        }
-        held
-    }
-
-    /// `key`'s holders numbered past the mask, if its `mask` says it has
-    /// any.
-    fn spilled(&self, key: &Key, mask: u64) -> impl Iterator<Item = usize> {
-        let spilled = if mask & SPILLED == 0 {
-            Vec::new()
-        } else {
-            (self.spill.get(key)).map_or_else(Vec::new, |spilled| spilled.clone())
-        };
-        spilled.into_iter()
+        self.read()
     }
 }

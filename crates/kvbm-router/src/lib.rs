@@ -4,9 +4,11 @@
 //! engine's events into one [`PrefixIndex`], and for each request a
 //! [`Policy`] weighs each worker's cached prefix of it against its load.
 //!
-//! - [`PrefixIndex`]: block key → the workers holding it, a `dashmap` for
-//!   concurrent updates and lookups; a request's overlap with every worker
-//!   costs one lookup per block of its longest cached prefix.
+//! - [`PrefixIndex`]: which workers hold which block keys, partitioned by
+//!   worker (as Dynamo's sharded indexer is): a worker's events touch only
+//!   its own set, so workers applied from different threads never contend;
+//!   a request's overlap costs one probe per worker plus one per block
+//!   matched.
 //! - [`Policy`]: [`Random`], [`RoundRobin`], [`LeastLoaded`], and
 //!   [`KvAware`] (Dynamo's cost: overlap weight × prefill blocks + decode
 //!   blocks, with an optional softmax temperature). Implement the trait to
