@@ -66,8 +66,8 @@ pub enum CacheEvent<'a> {
 ///
 /// Every event's hash values live in one buffer and every event's tokens
 /// in another, so a batch is three buffers however many events it holds,
-/// and the pool reuses them once subscribers drop the batch; [`events`]
-/// (Self::events) walks it as [`CacheEvent`] views. Events carry hash
+/// and the pool reuses them once subscribers drop the batch;
+/// [`events`](Self::events) walks it as [`CacheEvent`] views. Events carry hash
 /// values and a run's parent, what vLLM's wire carries: a block costs the
 /// batch 16 bytes, not a whole [`SequenceHash`].
 ///
@@ -201,7 +201,6 @@ impl EventBatch {
             self.spans.shrink_to(KEEP_HASHES);
         }
     }
-
 }
 
 /// The events of an [`EventBatch`], oldest first.
@@ -222,12 +221,18 @@ impl<'a> Iterator for Events<'a> {
             Some(next) => (next.hashes, next.tokens),
             None => (batch.hashes.len(), batch.tokens.len()),
         };
-        let hashes = batch.hashes.get(span.hashes..hashes_end).unwrap_or_default();
+        let hashes = batch
+            .hashes
+            .get(span.hashes..hashes_end)
+            .unwrap_or_default();
         Some(match span.kind {
             SpanKind::Stored(parent) => CacheEvent::Stored {
                 parent,
                 hashes,
-                tokens: batch.tokens.get(span.tokens..tokens_end).unwrap_or_default(),
+                tokens: batch
+                    .tokens
+                    .get(span.tokens..tokens_end)
+                    .unwrap_or_default(),
             },
             SpanKind::Removed => CacheEvent::Removed { hashes },
             SpanKind::Cleared => CacheEvent::Cleared,

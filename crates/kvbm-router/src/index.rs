@@ -90,7 +90,10 @@ impl PrefixIndex {
         match workers.binary_search_by_key(&worker, |(id, _)| *id) {
             Ok(at) => {
                 let (_, blocks) = workers.remove(at);
-                blocks.into_inner().unwrap_or_else(PoisonError::into_inner).len()
+                blocks
+                    .into_inner()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len()
             }
             Err(_) => 0,
         }
@@ -124,7 +127,9 @@ impl PrefixIndex {
 
     /// Whether no worker holds anything.
     pub fn is_empty(&self) -> bool {
-        self.read().iter().all(|(_, blocks)| lock(blocks).is_empty())
+        self.read()
+            .iter()
+            .all(|(_, blocks)| lock(blocks).is_empty())
     }
 
     /// For the chain of block keys of a request (its prefix first), how
@@ -146,7 +151,10 @@ impl PrefixIndex {
     }
 
     /// The workers, read-locked, with `worker` among them (added if new).
-    fn workers_with(&self, worker: WorkerId) -> RwLockReadGuard<'_, Vec<(WorkerId, Mutex<Blocks>)>> {
+    fn workers_with(
+        &self,
+        worker: WorkerId,
+    ) -> RwLockReadGuard<'_, Vec<(WorkerId, Mutex<Blocks>)>> {
         {
             let workers = self.read();
             if workers.binary_search_by_key(&worker, |(id, _)| *id).is_ok() {

@@ -206,7 +206,13 @@ impl Router {
     }
 
     /// `worker` stored the `count` blocks `keys`.
-    fn store(&self, worker: WorkerId, state: &Worker, keys: impl Iterator<Item = u128>, count: usize) {
+    fn store(
+        &self,
+        worker: WorkerId,
+        state: &Worker,
+        keys: impl Iterator<Item = u128>,
+        count: usize,
+    ) {
         let new = self.index.insert_many(worker, keys);
         let mut stats = lock(&state.stats);
         stats.held_blocks += new;
@@ -214,7 +220,13 @@ impl Router {
     }
 
     /// `worker` evicted the `count` blocks `keys`.
-    fn forget(&self, worker: WorkerId, state: &Worker, keys: impl Iterator<Item = u128>, count: usize) {
+    fn forget(
+        &self,
+        worker: WorkerId,
+        state: &Worker,
+        keys: impl Iterator<Item = u128>,
+        count: usize,
+    ) {
         let held = self.index.remove_many(worker, keys);
         let mut stats = lock(&state.stats);
         stats.held_blocks = stats.held_blocks.saturating_sub(held);

@@ -67,7 +67,11 @@ impl Mirror {
             }
             EventMessage::Batch(batch) => {
                 if batch.sequence() != self.sequence + 1 {
-                    return Err(format!("batch {} after {}", batch.sequence(), self.sequence));
+                    return Err(format!(
+                        "batch {} after {}",
+                        batch.sequence(),
+                        self.sequence
+                    ));
                 }
                 self.sequence = batch.sequence();
                 for event in batch.events() {
@@ -174,7 +178,9 @@ fn a_step_names_a_chain_in_one_stored_with_its_tokens_then_its_evictions() {
     let allocation = manager.allocate_blocks_with_evictions(3).unwrap();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        batch_events(subscription.try_recv())
+            .events()
+            .collect::<Vec<_>>(),
         [CacheEvent::Removed {
             hashes: &values(&allocation.evicted)
         }]
@@ -232,7 +238,9 @@ fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean
     let allocation = manager.allocate_blocks_with_evictions(8).unwrap();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        batch_events(subscription.try_recv())
+            .events()
+            .collect::<Vec<_>>(),
         [CacheEvent::Removed {
             hashes: &values(&allocation.evicted)
         }]
@@ -243,7 +251,9 @@ fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean
     manager.flush_events();
     let tokens: Vec<u32> = third_chain.iter().flat_map(|&h| tokens_of(h)).collect();
     assert_eq!(
-        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        batch_events(subscription.try_recv())
+            .events()
+            .collect::<Vec<_>>(),
         [CacheEvent::Stored {
             parent: None,
             hashes: &values(&third_chain),
@@ -279,7 +289,9 @@ fn clearing_an_unpinned_cache_is_one_cleared_event() {
     manager.clear_cache();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        batch_events(subscription.try_recv())
+            .events()
+            .collect::<Vec<_>>(),
         [CacheEvent::Cleared]
     );
 }
@@ -294,7 +306,9 @@ fn clearing_around_pinned_blocks_removes_only_the_cached_ones() {
     let evicted = manager.clear_cache();
     manager.flush_events();
     assert_eq!(
-        batch_events(subscription.try_recv()).events().collect::<Vec<_>>(),
+        batch_events(subscription.try_recv())
+            .events()
+            .collect::<Vec<_>>(),
         [CacheEvent::Removed {
             hashes: &values(&evicted)
         }],

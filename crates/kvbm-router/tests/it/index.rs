@@ -205,7 +205,10 @@ fn many_workers_stay_exact() {
     let workers: Vec<WorkerId> = (0..130).map(|w| 5_000 - w).collect();
     for (i, &w) in workers.iter().enumerate() {
         // Every worker holds block 1; worker i also holds 2 when i is even.
-        assert_eq!(index.insert_many(w, [1, 2].into_iter().take(1 + (i + 1) % 2)), 1 + (i + 1) % 2);
+        assert_eq!(
+            index.insert_many(w, [1, 2].into_iter().take(1 + (i + 1) % 2)),
+            1 + (i + 1) % 2
+        );
     }
     let mut all = workers.clone();
     all.sort_unstable();

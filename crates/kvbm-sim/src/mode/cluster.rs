@@ -393,7 +393,9 @@ fn replay_policy(
         format: &format,
     };
     for window in arrivals.chunks(PREPARE_WINDOW) {
-        let prepared = threads.map(window, |index| Prepared::new(trace, index, block_size, &format));
+        let prepared = threads.map(window, |index| {
+            Prepared::new(trace, index, block_size, &format)
+        });
         for (&index, Prepared { prompt, keys }) in window.iter().zip(prepared) {
             let at = engines[0].sim.arrival_of(index);
             // Every step that begins before the arrival, on every engine.
