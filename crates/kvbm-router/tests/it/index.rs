@@ -238,3 +238,43 @@ fn many_workers_stay_exact() {
     assert_eq!(index.remove_many(1, [3]), 1);
     assert!(index.is_empty(), "{} keys left", index.len());
 }
+
+/// Workers that come and go while others store: the ones that stay hold
+/// exactly what they stored, and a departed worker holds nothing.
+#[test]
+fn workers_leaving_and_rejoining_disturb_no_one_else() {
+    const STAYING: u64 = 4;
+    const ROUNDS: u64 = 1_000;
+    let index = Arc::new(PrefixIndex::new());
+    let stayers: Vec<_> = (0..STAYING)
+        .map(|w| {
+            let index = Arc::clone(&index);
+            std::thread::spawn(move || {
+                for round in 0..u128::from(ROUNDS) {
+                    index.insert_many(w, [round, round + 1_000_000]);
+                    index.remove_many(w, [round + 1_000_000]);
+                }
+            })
+        })
+        .collect();
+    let churner = {
+        let index = Arc::clone(&index);
+        std::thread::spawn(move || {
+            for round in 0..u128::from(ROUNDS) {
+                index.insert_many(99, [round, round + 1]);
+                assert!(index.remove_worker(99) <= 2);
+            }
+        })
+    };
+    for stayer in stayers {
+        stayer.join().unwrap();
+    }
+    churner.join().unwrap();
+    for w in 0..STAYING {
+        assert_eq!(index.held(w), ROUNDS as usize, "worker {w}");
+    }
+    assert_eq!(index.held(99), 0);
+    let keys: Vec<u128> = (0..u128::from(ROUNDS)).collect();
+    let expected: Vec<(WorkerId, usize)> = (0..STAYING).map(|w| (w, ROUNDS as usize)).collect();
+    assert_eq!(index.overlaps(&keys), expected);
+}
