@@ -3,9 +3,13 @@
 //!
 //! 16 workers each hold 64 chains of 256 blocks (the first 64 blocks of
 //! every chain shared by all workers, like a system prompt). A lookup walks
-//! a 256-block request: `full` is held whole by one worker (256 lookups),
-//! `shared` only its 64-block shared prefix (65 lookups: the walk stops at
-//! the first block nobody holds). Throughput is in blocks of the request.
+//! a 256-block request: `full` is held whole by one worker, `shared` only
+//! its 64-block shared prefix, by every worker. The index keeps each
+//! worker's blocks apart, so a lookup probes each worker's set until it
+//! misses: `full` costs 256 probes plus one per other worker, `shared` 65
+//! per worker. `fleet-256` is `full` among 256 workers of 4 chains each:
+//! what a lookup pays per worker in a large fleet. Throughput is in blocks
+//! of the request.
 //!
 //! Run: `cargo bench -p kvbm-benches --bench router`;
 //! smoke: `cargo test -p kvbm-benches --bench router`.
@@ -18,6 +22,8 @@ use kvbm_events::{BlockHash, BlockStored, KvEvent};
 use kvbm_router::{KvAware, RouteRequest, Router};
 
 const WORKERS: u64 = 16;
+/// Workers of the large-fleet lookup.
+const FLEET: u64 = 256;
 const BLOCKS: u64 = 256;
 const SHARED: u64 = 64;
 
@@ -43,9 +49,9 @@ fn stored(keys: impl Iterator<Item = u64>) -> KvEvent {
     })
 }
 
-fn router(chains: u64) -> Router {
+fn filled_router(workers: u64, chains: u64) -> Router {
     let router = Router::new();
-    for worker in 0..WORKERS {
+    for worker in 0..workers {
         router.add_worker(worker).expect("new worker");
         for chain in 0..chains {
             let event = stored((0..BLOCKS).map(|i| key(worker, chain, i)));
@@ -57,7 +63,7 @@ fn router(chains: u64) -> Router {
 
 fn bench_router(c: &mut Criterion) {
     let chains = if is_smoke_test() { 2 } else { 64 };
-    let router = router(chains);
+    let router = filled_router(WORKERS, chains);
     let mut group = c.benchmark_group("router");
     group.throughput(Throughput::Elements(BLOCKS));
     let full: Vec<u128> = (0..BLOCKS).map(|i| u128::from(key(3, 1, i))).collect();
@@ -76,6 +82,15 @@ fn bench_router(c: &mut Criterion) {
             b.iter(|| black_box(router.route(&request, &mut policy)));
         });
     }
+    let fleet = filled_router(FLEET, if is_smoke_test() { 1 } else { 4 });
+    group.bench_with_input(
+        BenchmarkId::new("overlaps", "fleet-256"),
+        &full,
+        |b, keys| {
+            b.iter(|| black_box(fleet.index().overlaps(black_box(keys))));
+        },
+    );
+    drop(fleet);
     // Storing then removing one worker's 256-block chain.
     let event = stored((0..BLOCKS).map(|i| key(WORKERS, 0, i) | 1 << 62));
     let KvEvent::BlockStored(ref blocks) = event else {
