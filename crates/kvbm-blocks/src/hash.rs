@@ -128,21 +128,6 @@ impl SequenceHash {
         }
     }
 
-    /// Whether this block's parent has the value `halves` (low first);
-    /// never for a root. Compares the stored halves, without building
-    /// [`parent`](Self::parent)'s `Option<u128>`: the event log asks it of
-    /// every block it stores.
-    #[inline]
-    pub(crate) const fn has_parent_halves(self, halves: [u64; 2]) -> bool {
-        self.position != 0 && self.parent[0] == halves[0] && self.parent[1] == halves[1]
-    }
-
-    /// The value as two halves, low first.
-    #[inline]
-    pub(crate) const fn value_halves(self) -> [u64; 2] {
-        self.value
-    }
-
     /// Whether this is the first block of a sequence.
     pub const fn is_root(self) -> bool {
         self.position == 0
