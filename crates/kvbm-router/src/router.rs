@@ -49,8 +49,8 @@ pub struct Decision {
     pub overlap_blocks: usize,
 }
 
-/// What the router keeps per worker. Its blocks live only in the shared
-/// index (a second per-worker set would double the cost of every event).
+/// What the router keeps per worker besides its blocks (which are in the
+/// index).
 ///
 /// Behind the workers map's *read* lock, each under its own lock: one
 /// worker's events never wait for another's that happens to share a shard
@@ -271,8 +271,7 @@ impl Router {
     ///
     /// [`RouterError::UnknownWorker`].
     pub fn set_load(&self, worker: WorkerId, load: WorkerLoad) -> Result<(), RouterError> {
-        let state = (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))?;
-        *lock(&state.load) = load;
+        *lock(&self.worker(worker)?.load) = load;
         Ok(())
     }
 

@@ -97,11 +97,7 @@ impl LiveIds {
         if !self.0.any_cancelled.load(Ordering::Acquire) {
             return Vec::new();
         }
-        let state = self.state();
-        if state.cancelled.is_empty() {
-            return Vec::new();
-        }
-        state.cancelled.iter().copied().collect()
+        self.state().cancelled.iter().copied().collect()
     }
 
     /// `id` left the scheduler (and any cancellation of it is void); it may
