@@ -133,6 +133,12 @@ fn batch_events(message: Option<EventMessage>) -> Arc<EventBatch> {
     }
 }
 
+/// Asserts the subscription's next message is a batch of exactly `expected`.
+fn assert_next_batch(subscription: &EventSubscription, expected: &[CacheEvent<'_>], why: &str) {
+    let batch = batch_events(subscription.try_recv());
+    assert_eq!(batch.events().collect::<Vec<_>>(), expected, "{why}");
+}
+
 #[test]
 fn a_subscriber_starts_with_a_resync_of_what_is_registered() {
     let manager = manager(8);
@@ -161,29 +167,27 @@ fn a_step_names_a_chain_in_one_stored_with_its_tokens_then_its_evictions() {
     let first = register_with_tokens(&manager, &hashes[..2]);
     let second = register_with_tokens(&manager, &hashes[2..]);
     manager.flush_events();
-    let batch = batch_events(subscription.try_recv());
     let tokens: Vec<u32> = hashes.iter().flat_map(|&h| tokens_of(h)).collect();
-    assert_eq!(
-        batch.events().collect::<Vec<_>>(),
-        [CacheEvent::Stored {
+    assert_next_batch(
+        &subscription,
+        &[CacheEvent::Stored {
             parent: None,
             hashes: &values(&hashes),
-            tokens: &tokens
+            tokens: &tokens,
         }],
-        "two registrations continuing one chain are one run"
+        "two registrations continuing one chain are one run",
     );
     // Released chain end first, as a request holding all three would.
     drop(second);
     drop(first);
     let allocation = manager.allocate_blocks_with_evictions(3).unwrap();
     manager.flush_events();
-    assert_eq!(
-        batch_events(subscription.try_recv())
-            .events()
-            .collect::<Vec<_>>(),
-        [CacheEvent::Removed {
-            hashes: &values(&allocation.evicted)
-        }]
+    assert_next_batch(
+        &subscription,
+        &[CacheEvent::Removed {
+            hashes: &values(&allocation.evicted),
+        }],
+        "the evictions are one run, in eviction order",
     );
     assert_eq!(allocation.evicted, [hashes[2], hashes[1]]);
 }
@@ -237,28 +241,26 @@ fn a_batch_a_subscriber_keeps_is_never_reused_and_one_it_dropped_is_reused_clean
     drop(second_blocks);
     let allocation = manager.allocate_blocks_with_evictions(8).unwrap();
     manager.flush_events();
-    assert_eq!(
-        batch_events(subscription.try_recv())
-            .events()
-            .collect::<Vec<_>>(),
-        [CacheEvent::Removed {
-            hashes: &values(&allocation.evicted)
-        }]
+    assert_next_batch(
+        &subscription,
+        &[CacheEvent::Removed {
+            hashes: &values(&allocation.evicted),
+        }],
+        "the reused batch carries only its own removal",
     );
     drop(allocation);
     let third_chain = chain(40, 3);
     let _third = register_with_tokens(&manager, &third_chain);
     manager.flush_events();
     let tokens: Vec<u32> = third_chain.iter().flat_map(|&h| tokens_of(h)).collect();
-    assert_eq!(
-        batch_events(subscription.try_recv())
-            .events()
-            .collect::<Vec<_>>(),
-        [CacheEvent::Stored {
+    assert_next_batch(
+        &subscription,
+        &[CacheEvent::Stored {
             parent: None,
             hashes: &values(&third_chain),
-            tokens: &tokens
-        }]
+            tokens: &tokens,
+        }],
+        "and then only its own store",
     );
 }
 
@@ -288,12 +290,7 @@ fn clearing_an_unpinned_cache_is_one_cleared_event() {
     subscription.drain();
     manager.clear_cache();
     manager.flush_events();
-    assert_eq!(
-        batch_events(subscription.try_recv())
-            .events()
-            .collect::<Vec<_>>(),
-        [CacheEvent::Cleared]
-    );
+    assert_next_batch(&subscription, &[CacheEvent::Cleared], "one clear");
 }
 
 #[test]
@@ -305,14 +302,12 @@ fn clearing_around_pinned_blocks_removes_only_the_cached_ones() {
     subscription.drain();
     let evicted = manager.clear_cache();
     manager.flush_events();
-    assert_eq!(
-        batch_events(subscription.try_recv())
-            .events()
-            .collect::<Vec<_>>(),
-        [CacheEvent::Removed {
-            hashes: &values(&evicted)
+    assert_next_batch(
+        &subscription,
+        &[CacheEvent::Removed {
+            hashes: &values(&evicted),
         }],
-        "the pinned block is still matchable, so this is not AllBlocksCleared"
+        "the pinned block is still matchable, so this is not AllBlocksCleared",
     );
     drop(pinned);
 }
