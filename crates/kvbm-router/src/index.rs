@@ -11,6 +11,9 @@ use crate::WorkerId;
 /// One worker's blocks.
 type Blocks = HashSet<u128, RandomState>;
 
+/// Every worker's blocks, sorted by worker id.
+type Workers = Vec<(WorkerId, Mutex<Blocks>)>;
+
 /// Block keys by the workers that hold them. A key is the block's hash as
 /// the engines send it ([`block_key`](crate::block_key)); it names the
 /// block *and its whole prefix*, so a worker holding a request's first `n`
@@ -39,11 +42,23 @@ pub struct PrefixIndex {
     /// Every worker that holds (or held) blocks, sorted by id. Read-locked
     /// by every update and query, write-locked only when a worker is first
     /// seen or forgotten.
-    workers: RwLock<Vec<(WorkerId, Mutex<Blocks>)>>,
+    workers: RwLock<Workers>,
 }
 
 fn lock(blocks: &Mutex<Blocks>) -> MutexGuard<'_, Blocks> {
     blocks.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Where `worker` is in `workers`, or would go.
+fn position(workers: &Workers, worker: WorkerId) -> Result<usize, usize> {
+    workers.binary_search_by_key(&worker, |(id, _)| *id)
+}
+
+/// `worker`'s blocks, locked, if it has a set.
+fn blocks_of(workers: &Workers, worker: WorkerId) -> Option<MutexGuard<'_, Blocks>> {
+    position(workers, worker)
+        .ok()
+        .map(|at| lock(&workers[at].1))
 }
 
 impl PrefixIndex {
@@ -61,10 +76,9 @@ impl PrefixIndex {
     /// how many were new.
     pub fn insert_many(&self, worker: WorkerId, keys: impl IntoIterator<Item = u128>) -> usize {
         let workers = self.workers_with(worker);
-        let Ok(at) = workers.binary_search_by_key(&worker, |(id, _)| *id) else {
+        let Some(mut blocks) = blocks_of(&workers, worker) else {
             return 0; // forgotten again meanwhile: as if stored, then cleared
         };
-        let mut blocks = lock(&workers[at].1);
         keys.into_iter().filter(|&key| blocks.insert(key)).count()
     }
 
@@ -77,17 +91,16 @@ impl PrefixIndex {
     /// did.
     pub fn remove_many(&self, worker: WorkerId, keys: impl IntoIterator<Item = u128>) -> usize {
         let workers = self.read();
-        let Ok(at) = workers.binary_search_by_key(&worker, |(id, _)| *id) else {
+        let Some(mut blocks) = blocks_of(&workers, worker) else {
             return 0;
         };
-        let mut blocks = lock(&workers[at].1);
         keys.into_iter().filter(|key| blocks.remove(key)).count()
     }
 
     /// Forgets every block `worker` holds; how many it held.
     pub fn remove_worker(&self, worker: WorkerId) -> usize {
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
-        match workers.binary_search_by_key(&worker, |(id, _)| *id) {
+        match position(&workers, worker) {
             Ok(at) => {
                 let (_, blocks) = workers.remove(at);
                 blocks
@@ -109,9 +122,7 @@ impl PrefixIndex {
 
     /// Blocks `worker` holds.
     pub fn held(&self, worker: WorkerId) -> usize {
-        let workers = self.read();
-        (workers.binary_search_by_key(&worker, |(id, _)| *id))
-            .map_or(0, |at| lock(&workers[at].1).len())
+        blocks_of(&self.read(), worker).map_or(0, |blocks| blocks.len())
     }
 
     /// Distinct keys held by any worker. Visits every worker's blocks: for
@@ -146,24 +157,21 @@ impl PrefixIndex {
             .collect()
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Vec<(WorkerId, Mutex<Blocks>)>> {
+    fn read(&self) -> RwLockReadGuard<'_, Workers> {
         self.workers.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The workers, read-locked, with `worker` among them (added if new).
-    fn workers_with(
-        &self,
-        worker: WorkerId,
-    ) -> RwLockReadGuard<'_, Vec<(WorkerId, Mutex<Blocks>)>> {
+    fn workers_with(&self, worker: WorkerId) -> RwLockReadGuard<'_, Workers> {
         {
             let workers = self.read();
-            if workers.binary_search_by_key(&worker, |(id, _)| *id).is_ok() {
+            if position(&workers, worker).is_ok() {
                 return workers;
             }
         }
         {
             let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
-            if let Err(at) = workers.binary_search_by_key(&worker, |(id, _)| *id) {
+            if let Err(at) = position(&workers, worker) {
                 workers.insert(at, (worker, Mutex::default()));
             }
         }
