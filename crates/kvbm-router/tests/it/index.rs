@@ -135,7 +135,7 @@ fn concurrent_workers_and_queries_lose_nothing() {
 
 /// As above with 66 writers.
 #[test]
-fn concurrent_spilled_workers_and_queries_lose_nothing() {
+fn concurrent_many_workers_and_queries_lose_nothing() {
     concurrent_workers_and_queries(66, 300);
 }
 
