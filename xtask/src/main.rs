@@ -328,7 +328,7 @@ fn fuzz(sh: &Shell, cases: u32) -> Result<()> {
         let started = Instant::now();
         cmd!(
             sh,
-            "{cargo} test --release -p {krate} --test it fuzz_ -- --test-threads 2"
+            "{cargo} test --release -p {krate} --lib --test it fuzz_ -- --test-threads 2"
         )
         .env("KVBM_FUZZ_CASES", &cases)
         .run()?;

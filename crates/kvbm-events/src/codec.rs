@@ -1,6 +1,18 @@
 //! [`encode`] and [`decode`]: a [`KvEventBatch`] to and from msgpack bytes.
 
+use serde::Deserialize;
+
 use crate::KvEventBatch;
+
+/// How deep [`decode`] follows nested arrays, maps and extension values:
+/// rmp-serde counts each level, the batch array the first, and refuses a
+/// payload that opens level 32. vLLM's payloads go five or six deep: the
+/// batch, its events, an event map, `extra_keys` (a list of per-block
+/// tuples), a tuple, what it holds. rmp-serde's default of 1024
+/// lets the nested values of a field nobody reads recurse past a debug
+/// build's thread stack (2 to 4 KiB a level); the 31 levels allowed here
+/// fit in 128 KiB and leave room for fields vLLM may add.
+const MAX_DEPTH: usize = 32;
 
 /// Why a payload could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -38,10 +50,19 @@ pub fn encode(batch: &KvEventBatch) -> Result<Vec<u8>, EventError> {
 /// itself, or [`encode`]). Optional fields vLLM may add (`group_idx`,
 /// `extra_keys`, ...) are ignored.
 ///
+/// Nothing of the payload is buffered: each value goes straight into its
+/// field (unknown ones are skipped in place), so the heap held is what the
+/// decoded types take, at most 4 bytes per byte of tokens (a 1-byte token
+/// becomes a `u32`); a length declared huge preallocates at most 1 MiB
+/// before its elements come. Payloads nesting 32 arrays or maps deep (the
+/// batch's own counted) are refused, so no payload exhausts the stack.
+///
 /// # Errors
 ///
-/// [`EventError::Decode`] for bytes that are not such a payload; never
-/// panics, whatever the bytes.
+/// [`EventError::Decode`] for bytes that are not such a payload (nested
+/// too deep among them); never panics, whatever the bytes.
 pub fn decode(bytes: &[u8]) -> Result<KvEventBatch, EventError> {
-    Ok(rmp_serde::from_slice(bytes)?)
+    let mut deserializer = rmp_serde::Deserializer::from_read_ref(bytes);
+    deserializer.set_max_depth(MAX_DEPTH);
+    Ok(KvEventBatch::deserialize(&mut deserializer)?)
 }

@@ -42,14 +42,16 @@ pub struct WireFormat {
 
 impl WireFormat {
     /// Blocks of `block_size` tokens on the GPU, hashes as bytes, no LoRA,
-    /// no data-parallel rank.
+    /// data-parallel rank 0: vLLM's publisher stamps every batch with its
+    /// engine's rank (`batch.data_parallel_rank = self._dp_rank`, 0 without
+    /// data parallelism), so batches from here carry one too.
     pub fn new(block_size: u32) -> Self {
         Self {
             block_size,
             hash_form: HashForm::default(),
             medium: Some("GPU".to_owned()),
             lora_name: None,
-            data_parallel_rank: None,
+            data_parallel_rank: Some(0),
         }
     }
 
@@ -71,10 +73,21 @@ impl WireFormat {
         self
     }
 
-    /// The data-parallel rank written into every batch.
+    /// The data-parallel rank written into every batch (0 by default);
+    /// `None` writes nil, which vLLM's publisher never sends.
     pub fn with_rank(mut self, rank: Option<i64>) -> Self {
         self.data_parallel_rank = rank;
         self
+    }
+
+    /// Tokens per block, as every `BlockStored` says.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// The medium every event names (`"GPU"` by default).
+    pub fn medium(&self) -> Option<&str> {
+        self.medium.as_deref()
     }
 
     /// The wire form of one hash.

@@ -56,5 +56,8 @@ pub use codec::{EventError, decode, encode};
 pub use convert::WireFormat;
 pub use hash::{BlockHash, HashForm};
 #[cfg(feature = "zmq")]
-pub use transport::{Publisher, PublisherConfig, Subscriber};
+pub use transport::{
+    Publisher, PublisherConfig, PublisherStats, Received, Subscriber, SubscriberConfig,
+    SubscriberStats,
+};
 pub use wire::{BlockRemoved, BlockStored, KvEvent, KvEventBatch};

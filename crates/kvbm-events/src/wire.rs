@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::BlockHash;
 
+mod de;
+
 /// One message's payload: when, what, and which data-parallel rank said it.
 ///
 /// On the wire a 3-element array `[ts, events, data_parallel_rank]`
@@ -41,7 +43,15 @@ impl KvEventBatch {
 }
 
 /// One cache change, tagged by vLLM's class name under `"type"`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Read in one pass, whatever the order of the map's keys, each field
+/// straight into its type (no buffering of the map); fields this crate
+/// does not know are skipped. A missing or unknown `"type"`, a missing
+/// required field (`block_hashes`; for `BlockStored` also `token_ids` and
+/// `block_size`), a field given twice or a known field of the wrong type
+/// (in any event type) is an error; optional fields left out read as
+/// `None`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type")]
 pub enum KvEvent {
     /// Consecutive blocks of one sequence became cached.

@@ -146,3 +146,26 @@ fn a_pools_stores_and_evictions_become_vllms_events() {
     assert_eq!(stored.medium.as_deref(), Some("GPU"));
     assert_eq!(removed.block_hashes, [int(hashes[1])]);
 }
+
+/// vLLM's publisher stamps every batch with its engine's data-parallel
+/// rank (`batch.data_parallel_rank = self._dp_rank`, 0 without data
+/// parallelism): so does `WireFormat` unless told otherwise, and
+/// `with_rank(None)` still writes nil.
+#[test]
+fn batches_carry_data_parallel_rank_0_unless_told_otherwise() {
+    let message = EventMessage::Resync(Arc::new(Resync {
+        sequence: 0,
+        missed_batches: 0,
+        registered: Vec::new(),
+    }));
+    for (format, rank, last_byte) in [
+        (WireFormat::new(4), Some(0), 0x00),
+        (WireFormat::new(4).with_rank(Some(7)), Some(7), 0x07),
+        (WireFormat::new(4).with_rank(None), None, 0xc0),
+    ] {
+        assert_eq!(format.batch(&message, 1.0).data_parallel_rank(), rank);
+        let bytes = format.encode(&message, 1.0).unwrap();
+        assert_eq!(bytes.last(), Some(&last_byte), "{rank:?}");
+        assert_eq!(decode(&bytes).unwrap().data_parallel_rank(), rank);
+    }
+}

@@ -1,7 +1,11 @@
-//! Arbitrary batches round-trip; arbitrary bytes never panic the decoder.
+//! Arbitrary batches round-trip, as we write them and with their fields
+//! shuffled among unknown ones; arbitrary or mangled bytes never panic the
+//! decoder.
 
 use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent, KvEventBatch};
 use proptest::prelude::*;
+
+use crate::msgpack::{self, Value};
 
 fn hash() -> impl Strategy<Value = BlockHash> {
     prop_oneof![
@@ -55,6 +59,67 @@ fn event() -> impl Strategy<Value = KvEvent> {
     prop_oneof![stored, removed, Just(KvEvent::AllBlocksCleared)]
 }
 
+/// Any msgpack value, nested up to 6 deep.
+fn value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Nil),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::Int),
+        any::<u64>().prop_map(Value::UInt),
+        any::<f64>().prop_map(Value::Float),
+        "[a-z]{0,6}".prop_map(Value::Str),
+        prop::collection::vec(any::<u8>(), 0..6).prop_map(Value::Bin),
+    ];
+    leaf.prop_recursive(6, 32, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+        ]
+    })
+}
+
+/// The field names kvbm reads.
+const KNOWN: [&str; 8] = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+];
+
+/// A field kvbm does not read, with any value.
+fn unknown_field() -> impl Strategy<Value = (String, Value)> {
+    let name =
+        "[a-z_]{0,14}".prop_filter("a field kvbm reads", |name| !KNOWN.contains(&name.as_str()));
+    (name, value())
+}
+
+/// An event, and its map as another encoder of vLLM's layout might write
+/// it: fields in any order, optional ones at `None` left out or not
+/// (msgspec's `omit_defaults`), unknown fields among them.
+fn shuffled_event() -> impl Strategy<Value = (KvEvent, Value)> {
+    let omit = prop::collection::vec(any::<bool>(), 8);
+    let unknown = prop::collection::vec(unknown_field(), 0..4);
+    (event(), omit, unknown)
+        .prop_flat_map(|(event, omit, unknown)| {
+            let mut entries: Vec<(Value, Value)> = (msgpack::fields(&event).into_iter())
+                .zip(omit)
+                .filter(|((_, _, is_none), omit)| !(*is_none && *omit))
+                .map(|((name, value, _), _)| (msgpack::str(name), value))
+                .collect();
+            entries.extend(
+                unknown
+                    .into_iter()
+                    .map(|(name, value)| (Value::Str(name), value)),
+            );
+            (Just(event), Just(entries).prop_shuffle())
+        })
+        .prop_map(|(event, entries)| (event, Value::Map(entries)))
+}
+
 /// Cases per fuzz test: `KVBM_FUZZ_CASES` (`cargo xtask fuzz --cases N`),
 /// else a CI-sized default.
 fn cases() -> u32 {
@@ -79,6 +144,35 @@ proptest! {
         }
         let bytes = kvbm_events::encode(&batch).unwrap();
         prop_assert_eq!(kvbm_events::decode(&bytes).unwrap(), batch);
+    }
+
+    #[test]
+    fn fuzz_shuffled_fields_among_unknown_ones_decode_the_same(
+        events in prop::collection::vec(shuffled_event(), 0..6),
+    ) {
+        let (expected, maps): (Vec<KvEvent>, Vec<Value>) = events.into_iter().unzip();
+        let batch = kvbm_events::decode(&msgpack::batch(maps)).unwrap();
+        prop_assert_eq!(batch.events(), &expected[..]);
+    }
+
+    /// Bytes of a valid payload overwritten here and there: decoded or
+    /// refused, never a panic; and what decodes re-encodes to a payload
+    /// that decodes to itself.
+    #[test]
+    fn fuzz_mangled_payloads_decode_or_fail_cleanly(
+        events in prop::collection::vec(event(), 1..4),
+        writes in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let mut bytes = kvbm_events::encode(&KvEventBatch::new(1.0, events)).unwrap();
+        for (at, byte) in writes {
+            let at = at.index(bytes.len());
+            bytes[at] = byte;
+        }
+        if let Ok(batch) = kvbm_events::decode(&bytes) {
+            let again = kvbm_events::encode(&batch).unwrap();
+            let back = kvbm_events::decode(&again).unwrap();
+            prop_assert_eq!(kvbm_events::encode(&back).unwrap(), again);
+        }
     }
 
     #[test]

@@ -3,21 +3,11 @@
 
 use std::time::Duration;
 
-use kvbm_events::{
-    BlockHash, BlockRemoved, KvEvent, KvEventBatch, Publisher, PublisherConfig, Subscriber,
-};
+use kvbm_events::{KvEventBatch, Publisher, PublisherConfig, Subscriber};
+
+use crate::peers::batch;
 
 const WAIT: Duration = Duration::from_secs(5);
-
-fn batch(n: u64) -> KvEventBatch {
-    KvEventBatch::new(
-        n as f64,
-        vec![KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![BlockHash::Int(n)],
-            medium: Some("GPU".to_owned()),
-        })],
-    )
-}
 
 fn publisher(topic: &str) -> Publisher {
     let config = PublisherConfig::new("tcp://127.0.0.1:*")
@@ -40,7 +30,7 @@ fn first_delivery(
             .recv(Duration::from_millis(50))
             .expect("well-formed")
         {
-            return got;
+            return got.batches;
         }
     }
     panic!("the subscriber never joined");
@@ -136,7 +126,7 @@ fn a_subscriber_repairs_a_gap_from_the_replay_socket() {
     // From now on, in order with no gap.
     let next = publisher.publish(&batch(k + 1)).unwrap();
     let got = subscriber.recv(WAIT).unwrap().expect("the next batch");
-    assert_eq!(got, vec![(next, batch(next))]);
+    assert_eq!(got.batches, vec![(next, batch(next))]);
 }
 
 /// With the wait, the very first batch reaches a subscriber that was still
@@ -148,7 +138,7 @@ fn waiting_for_subscribers_delivers_the_first_batch() {
     assert_eq!(publisher.wait_for_subscribers(1, WAIT).unwrap(), 1);
     publisher.publish(&batch(0)).unwrap();
     let got = subscriber.recv(WAIT).unwrap().expect("the first batch");
-    assert_eq!(got, vec![(0, batch(0))]);
+    assert_eq!(got.batches, vec![(0, batch(0))]);
     assert_eq!((subscriber.repaired(), subscriber.lost()), (0, 0));
     // Nobody else is coming: the wait gives up at its timeout.
     let seen = publisher
