@@ -15,7 +15,14 @@
 //!   add your own.
 //! - Resync: after lost events or an engine restart, `AllBlocksCleared` (or
 //!   [`Router::clear_worker`]) forgets a worker's blocks; workers come and
-//!   go at run time ([`Router::add_worker`], [`Router::remove_worker`]).
+//!   go at run time ([`Router::add_worker`], [`Router::remove_worker`]),
+//!   each addition and removal atomic however the calls race
+//!   ([`Router::audit`] cross-checks the state at any moment).
+//! - Event fields: blocks are kept per `medium` (routing credits the
+//!   device medium, `"GPU"` or none; at most [`PrefixIndex::MAX_MEDIA`]
+//!   media); the router has one `block_size` and refuses stores of another;
+//!   `lora_name` is ignored, since vLLM's hashes already differ per
+//!   adapter. See [`Router`].
 //!
 //! Blocks are keyed by the hash the engine sends ([`block_key`]): the index
 //! needs no tokens, and a request is keyed by hashing its prompt the way the
@@ -53,6 +60,7 @@
 
 mod error;
 mod index;
+mod medium;
 mod policy;
 mod router;
 
@@ -61,7 +69,7 @@ use kvbm_events::BlockHash;
 pub use error::RouterError;
 pub use index::PrefixIndex;
 pub use policy::{Candidate, KvAware, LeastLoaded, Policy, Random, RoundRobin, RouteRequest};
-pub use router::{Decision, Router, WorkerId, WorkerLoad, WorkerStats};
+pub use router::{Decision, Router, RouterAudit, WorkerId, WorkerLoad, WorkerStats};
 
 /// The index key of a block hash as engines send it: an integer hash as is,
 /// a byte-string hash by its first 16 bytes, big-endian (all of a kvbm

@@ -1,6 +1,32 @@
 //! [`Router`]: the prefix index, the workers and their loads, and routing.
+//!
+//! # Lock order
+//!
+//! Every path takes the router's locks in this order, each at most once
+//! (a nested read of the same `RwLock` could deadlock behind a waiting
+//! writer), and releases them before calling out (a [`Policy`] runs with
+//! none held):
+//!
+//! 1. `order`, the live workers: written for a worker's whole addition or
+//!    removal (list, map entry and index set together), read by
+//!    [`Router::candidates`], [`Router::workers`] and [`Router::audit`];
+//! 2. a shard of the `workers` map: read (a `Ref`) for the whole of one
+//!    event or message, so a removal, which write-locks it, waits for the
+//!    events being applied and no later one finds the worker;
+//! 3. the worker's `tally` (its counters), held across the index update
+//!    it counts, so counters and index agree whenever a reader can look;
+//!    or its `load` (a leaf);
+//! 4. the index's worker table, then that worker's set (in
+//!    [`PrefixIndex`]); the media table's append lock is a leaf.
+//!
+//! The event path takes the map's read lock, the tally, the index's read
+//! lock and one set: nothing global is written, and nothing is allocated
+//! per block.
 
-use std::sync::{Mutex, PoisonError, RwLock};
+mod audit;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use dashmap::DashMap;
 use dashmap::mapref::one::Ref;
@@ -8,7 +34,10 @@ use foldhash::fast::RandomState;
 use kvbm_blocks::{CacheEvent, EventMessage};
 use kvbm_events::{KvEvent, KvEventBatch, WireFormat};
 
+use crate::medium::Slot;
 use crate::{Candidate, Policy, PrefixIndex, RouteRequest, RouterError, block_key};
+
+pub use audit::RouterAudit;
 
 /// A worker's identity (an engine, or one data-parallel rank of one).
 pub type WorkerId = u64;
@@ -28,16 +57,25 @@ pub struct WorkerLoad {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WorkerStats {
-    /// Blocks it holds now, as far as its events said.
+    /// Blocks it holds now, on every medium, as far as its events said
+    /// (always [`PrefixIndex::held`] of it).
     pub held_blocks: usize,
-    /// Blocks it announced as stored, ever.
+    /// Blocks it announced as stored, ever (refused events not counted).
     pub stored_blocks: u64,
     /// Blocks it announced as removed, ever.
     pub removed_blocks: u64,
-    /// Removals of blocks it had not announced (a sign of lost events).
+    /// Removals of blocks it had not announced on that medium (a sign of
+    /// lost events).
     pub unknown_removals: u64,
     /// Times its state was cleared (`AllBlocksCleared`, or a resync).
     pub clears: u64,
+    /// `BlockStored` events refused for another block size than the
+    /// router's ([`RouterError::BlockSizeMismatch`]): a misconfigured
+    /// engine.
+    pub block_size_refusals: u64,
+    /// `BlockStored` events refused for their medium
+    /// ([`RouterError::TooManyMedia`], [`RouterError::MediumNameTooLong`]).
+    pub medium_refusals: u64,
 }
 
 /// Where a request was sent.
@@ -59,11 +97,27 @@ pub struct Decision {
 #[derive(Debug, Default)]
 struct Worker {
     load: Mutex<WorkerLoad>,
-    stats: Mutex<WorkerStats>,
+    tally: Mutex<Tally>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// A worker's counters, and what its pool's messages are in.
+#[derive(Debug, Default)]
+struct Tally {
+    stats: WorkerStats,
+    /// The format of the last message [`Router::apply_message`] stored
+    /// from, with its medium's slot: every later message in it is admitted
+    /// without a look at its settings (the block size and media never
+    /// change once admitted).
+    wire: Option<(WireFormat, Slot)>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The block size and medium `format` writes into its events.
+fn wire_settings(format: &WireFormat) -> (u32, Option<String>) {
+    (format.block_size(), format.medium().map(str::to_owned))
 }
 
 /// A KV-aware router: follows many workers' KV events (vLLM's
@@ -72,13 +126,36 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// and asks a [`Policy`] where each request goes.
 ///
 /// Every method takes `&self` and is safe from many threads: one thread per
-/// worker can apply its events while others route.
+/// worker can apply its events while others route, and workers come and
+/// go meanwhile. A worker's addition and removal are atomic: no event,
+/// route or [`audit`](Self::audit) sees it half added or half removed, and
+/// a worker removed and added again starts empty, whatever raced.
+///
+/// What it does with an event's fields:
+///
+/// - `medium`: blocks are kept per medium ([`PrefixIndex`]); no medium and
+///   `"GPU"` are the device medium, the only one routing credits. A
+///   removal removes from its own medium; `AllBlocksCleared` clears them
+///   all. A store on a medium past [`PrefixIndex::MAX_MEDIA`] is refused.
+/// - `block_size`: the router has one ([`with_block_size`](Self::with_block_size),
+///   or the first `BlockStored` it accepts fixes it); a `BlockStored` of
+///   another size is refused, since its keys would never match a request
+///   keyed at the router's size, and counted in
+///   [`WorkerStats::block_size_refusals`].
+/// - `lora_name` (and the deprecated `lora_id`): ignored. vLLM folds the
+///   adapter into its block hashes, so one adapter's blocks already have
+///   keys of their own, and a request keyed the engines' way matches only
+///   its own adapter's.
+/// - `parent_block_hash`, `token_ids`: not read; keys are the hashes.
 #[derive(Debug)]
 pub struct Router {
     index: PrefixIndex,
     workers: DashMap<WorkerId, Worker, RandomState>,
     /// Live workers, sorted: the order candidates are offered in.
     order: RwLock<Vec<WorkerId>>,
+    /// Tokens per block, plus one; 0 until set or fixed by the first
+    /// accepted `BlockStored`, then never changed.
+    block_size: AtomicU64,
 }
 
 impl Default for Router {
@@ -88,13 +165,42 @@ impl Default for Router {
 }
 
 impl Router {
-    /// A router with no workers.
+    /// A router with no workers, whose block size the first `BlockStored`
+    /// it accepts fixes.
     pub fn new() -> Self {
         Self {
             index: PrefixIndex::new(),
             workers: DashMap::default(),
             order: RwLock::new(Vec::new()),
+            block_size: AtomicU64::new(0),
         }
+    }
+
+    /// A router with no workers for blocks of `block_size` tokens: a
+    /// `BlockStored` of another size is refused.
+    pub fn with_block_size(block_size: u32) -> Self {
+        let router = Self::new();
+        router
+            .block_size
+            .store(u64::from(block_size) + 1, Ordering::Relaxed);
+        router
+    }
+
+    /// Tokens per block of the blocks it indexes: as set, or as the first
+    /// accepted `BlockStored` said; `None` before.
+    pub fn block_size(&self) -> Option<u32> {
+        let stored = self.block_size.load(Ordering::Acquire);
+        stored
+            .checked_sub(1)
+            .and_then(|size| u32::try_from(size).ok())
+    }
+
+    fn order_read(&self) -> RwLockReadGuard<'_, Vec<WorkerId>> {
+        self.order.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn order_write(&self) -> RwLockWriteGuard<'_, Vec<WorkerId>> {
+        self.order.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Starts routing to `worker`, which holds nothing yet.
@@ -103,75 +209,100 @@ impl Router {
     ///
     /// [`RouterError::DuplicateWorker`] if it is already routed to.
     pub fn add_worker(&self, worker: WorkerId) -> Result<(), RouterError> {
-        let mut order = self.order.write().unwrap_or_else(PoisonError::into_inner);
+        let mut order = self.order_write();
         let Err(at) = order.binary_search(&worker) else {
             return Err(RouterError::DuplicateWorker(worker));
         };
+        // Its set before its map entry: events find the entry, then the set.
+        self.index.add_worker(worker);
         self.workers.insert(worker, Worker::default());
         order.insert(at, worker);
         Ok(())
     }
 
     /// Stops routing to `worker` and forgets its blocks (it left, or
-    /// restarted: add it again).
+    /// restarted: add it again). The whole removal holds the live-worker
+    /// list's write lock, so an addition of the same worker racing it
+    /// waits for it and starts empty.
     ///
     /// # Errors
     ///
     /// [`RouterError::UnknownWorker`].
     pub fn remove_worker(&self, worker: WorkerId) -> Result<(), RouterError> {
-        {
-            let mut order = self.order.write().unwrap_or_else(PoisonError::into_inner);
-            let Ok(at) = order.binary_search(&worker) else {
-                return Err(RouterError::UnknownWorker(worker));
-            };
-            order.remove(at);
-        }
-        if self.workers.remove(&worker).is_some() {
-            self.index.remove_worker(worker);
-        }
+        let mut order = self.order_write();
+        let Ok(at) = order.binary_search(&worker) else {
+            return Err(RouterError::UnknownWorker(worker));
+        };
+        // The map entry first: its shard's write lock waits for the events
+        // being applied, and no later event finds the worker, so none can
+        // touch its set after this.
+        self.workers.remove(&worker);
+        self.index.remove_worker(worker);
+        order.remove(at);
         Ok(())
     }
 
     /// The live workers, in order.
     pub fn workers(&self) -> Vec<WorkerId> {
-        self.order
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.order_read().clone()
     }
 
     /// Applies one of `worker`'s events.
     ///
     /// # Errors
     ///
-    /// [`RouterError::UnknownWorker`] (nothing changes).
+    /// [`RouterError::UnknownWorker`]; for a `BlockStored`,
+    /// [`RouterError::BlockSizeMismatch`], [`RouterError::TooManyMedia`]
+    /// and [`RouterError::MediumNameTooLong`] (nothing changes but the
+    /// worker's refusal counters).
     pub fn apply(&self, worker: WorkerId, event: &KvEvent) -> Result<(), RouterError> {
         let state = self.worker(worker)?;
+        let mut tally = lock(&state.tally);
+        let stats = &mut tally.stats;
         match event {
             KvEvent::BlockStored(stored) => {
+                let medium = stored.medium.as_deref();
+                let slot = self.admit(worker, stored.block_size, medium, stats)?;
                 let hashes = &stored.block_hashes;
-                self.store(worker, &state, hashes.iter().map(block_key), hashes.len());
+                self.store(
+                    worker,
+                    slot,
+                    stats,
+                    hashes.iter().map(block_key),
+                    hashes.len(),
+                );
             }
             KvEvent::BlockRemoved(removed) => {
+                let slot = self.index.media().find(removed.medium.as_deref());
                 let hashes = &removed.block_hashes;
-                self.forget(worker, &state, hashes.iter().map(block_key), hashes.len());
+                self.forget(
+                    worker,
+                    slot,
+                    stats,
+                    hashes.iter().map(block_key),
+                    hashes.len(),
+                );
             }
-            KvEvent::AllBlocksCleared => self.clear(worker, &state),
+            KvEvent::AllBlocksCleared => self.clear(worker, stats),
         }
         Ok(())
     }
 
     /// Applies one message of a block pool's own subscription
-    /// (`BlockManager::subscribe_events`) exactly as [`apply`](Self::apply)
-    /// applies `format.events(message)`, vLLM's events of it, without
-    /// building them (no token copies, no allocation per event): for an
-    /// engine and its router in one process. Keys are the hashes in
-    /// `format`'s wire form, so the index is the same either way.
+    /// (`BlockManager::subscribe_events`) exactly as
+    /// [`apply_batch`](Self::apply_batch) applies `format.events(message)`,
+    /// vLLM's events of it, without building them (no token copies, no
+    /// allocation per event): for an engine and its router in one
+    /// process. Keys are the hashes in `format`'s wire form, blocks are on
+    /// its medium and of its block size, so the index is the same either
+    /// way.
     ///
     /// # Errors
     ///
     /// [`RouterError::UnknownWorker`] (nothing changes), even for an
-    /// empty batch.
+    /// empty batch; at its first `Stored` event, the refusals of
+    /// [`apply`](Self::apply) for `format`'s block size or medium (the
+    /// events before it stay applied, as `apply_batch`'s do).
     pub fn apply_message(
         &self,
         worker: WorkerId,
@@ -179,24 +310,41 @@ impl Router {
         format: &WireFormat,
     ) -> Result<(), RouterError> {
         let state = self.worker(worker)?;
+        let mut tally = lock(&state.tally);
+        let tally = &mut *tally;
         let key = |&value: &u128| block_key(&format.hash_value(value));
         match message {
             EventMessage::Batch(batch) => {
+                // `format`'s medium, once a `Stored` event admitted it, or
+                // once a removal looked for it: resolved once a message.
+                let mut admitted = None;
+                let mut found = None;
                 for event in batch.events() {
                     match event {
                         CacheEvent::Stored { hashes, .. } => {
-                            self.store(worker, &state, hashes.iter().map(key), hashes.len());
+                            let slot = match admitted {
+                                Some(slot) => slot,
+                                None => *admitted.insert(self.admit_wire(worker, format, tally)?),
+                            };
+                            let (keys, count) = (hashes.iter().map(key), hashes.len());
+                            self.store(worker, slot, &mut tally.stats, keys, count);
                         }
                         CacheEvent::Removed { hashes } => {
-                            self.forget(worker, &state, hashes.iter().map(key), hashes.len());
+                            let slot = match (admitted, found) {
+                                (Some(slot), _) => Some(slot),
+                                (None, Some(slot)) => slot,
+                                (None, None) => *found.insert(self.find_wire(format, tally)),
+                            };
+                            let (keys, count) = (hashes.iter().map(key), hashes.len());
+                            self.forget(worker, slot, &mut tally.stats, keys, count);
                         }
-                        CacheEvent::Cleared => self.clear(worker, &state),
+                        CacheEvent::Cleared => self.clear(worker, &mut tally.stats),
                     }
                 }
             }
             // As `WireFormat::events`: a snapshot has no tokens to
             // re-announce, so the wire says to forget everything.
-            EventMessage::Resync(_) => self.clear(worker, &state),
+            EventMessage::Resync(_) => self.clear(worker, &mut tally.stats),
         }
         Ok(())
     }
@@ -205,48 +353,117 @@ impl Router {
         (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))
     }
 
-    /// `worker` stored the `count` blocks `keys`.
+    /// Admits a `BlockStored` of `block_size` tokens on `medium` from
+    /// `worker`: the medium's slot, or the refusal, counted in `stats`.
+    /// The router's block size is fixed only once the medium is admitted,
+    /// so a refused event changes neither (save when two first stores of
+    /// different sizes race: the loser's new medium keeps its slot).
+    fn admit(
+        &self,
+        worker: WorkerId,
+        block_size: u32,
+        medium: Option<&str>,
+        stats: &mut WorkerStats,
+    ) -> Result<Slot, RouterError> {
+        let wanted = u64::from(block_size) + 1;
+        let mismatch = |stats: &mut WorkerStats, fixed: u64| {
+            stats.block_size_refusals += 1;
+            Err(RouterError::BlockSizeMismatch {
+                worker,
+                router: u32::try_from(fixed - 1).unwrap_or(u32::MAX),
+                event: block_size,
+            })
+        };
+        // A load, not a read-modify-write: every engine's thread reads
+        // this line on every store.
+        let fixed = self.block_size.load(Ordering::Acquire);
+        if fixed != 0 && fixed != wanted {
+            return mismatch(stats, fixed);
+        }
+        let slot =
+            (self.index.media().admit(medium)).inspect_err(|_| stats.medium_refusals += 1)?;
+        if fixed == 0
+            && let Err(fixed) =
+                (self.block_size).compare_exchange(0, wanted, Ordering::AcqRel, Ordering::Acquire)
+            && fixed != wanted
+        {
+            // Another worker's store fixed another size first.
+            return mismatch(stats, fixed);
+        }
+        Ok(slot)
+    }
+
+    /// [`admit`](Self::admit) for a store in `format`, from the worker's
+    /// cache when it was admitted before.
+    fn admit_wire(
+        &self,
+        worker: WorkerId,
+        format: &WireFormat,
+        tally: &mut Tally,
+    ) -> Result<Slot, RouterError> {
+        if let Some((cached, slot)) = &tally.wire
+            && cached == format
+        {
+            return Ok(*slot);
+        }
+        let (block_size, medium) = wire_settings(format);
+        let slot = self.admit(worker, block_size, medium.as_deref(), &mut tally.stats)?;
+        tally.wire = Some((format.clone(), slot));
+        Ok(slot)
+    }
+
+    /// The slot of `format`'s medium for a removal, `None` if it was never
+    /// stored on.
+    fn find_wire(&self, format: &WireFormat, tally: &Tally) -> Option<Slot> {
+        match &tally.wire {
+            Some((cached, slot)) if cached == format => Some(*slot),
+            _ => self.index.media().find(wire_settings(format).1.as_deref()),
+        }
+    }
+
+    /// `worker` stored the `count` blocks `keys` on `slot`.
     fn store(
         &self,
         worker: WorkerId,
-        state: &Worker,
+        slot: Slot,
+        stats: &mut WorkerStats,
         keys: impl Iterator<Item = u128>,
         count: usize,
     ) {
-        let new = self.index.insert_many(worker, keys);
-        let mut stats = lock(&state.stats);
-        stats.held_blocks += new;
+        stats.held_blocks += self.index.insert_in(worker, slot, keys);
         stats.stored_blocks += count as u64;
     }
 
-    /// `worker` evicted the `count` blocks `keys`.
+    /// `worker` evicted the `count` blocks `keys` from `slot` (from a
+    /// medium never stored on, for `None`).
     fn forget(
         &self,
         worker: WorkerId,
-        state: &Worker,
+        slot: Option<Slot>,
+        stats: &mut WorkerStats,
         keys: impl Iterator<Item = u128>,
         count: usize,
     ) {
-        let held = self.index.remove_many(worker, keys);
-        let mut stats = lock(&state.stats);
+        let held = slot.map_or(0, |slot| self.index.remove_in(worker, slot, keys));
         stats.held_blocks = stats.held_blocks.saturating_sub(held);
-        stats.unknown_removals += (count - held) as u64;
+        stats.unknown_removals += count.saturating_sub(held) as u64;
         stats.removed_blocks += count as u64;
     }
 
-    /// `worker` holds nothing any more.
-    fn clear(&self, worker: WorkerId, state: &Worker) {
-        self.index.remove_worker(worker);
-        let mut stats = lock(&state.stats);
+    /// `worker` holds nothing any more, on any medium.
+    fn clear(&self, worker: WorkerId, stats: &mut WorkerStats) {
+        self.index.clear_worker(worker);
         stats.held_blocks = 0;
         stats.clears += 1;
     }
 
-    /// Applies a batch of `worker`'s events, in order.
+    /// Applies a batch of `worker`'s events, in order, up to the first
+    /// refused one.
     ///
     /// # Errors
     ///
-    /// [`RouterError::UnknownWorker`] (nothing changes).
+    /// The first refusal of [`apply`](Self::apply); the events before it
+    /// stay applied.
     pub fn apply_batch(&self, worker: WorkerId, batch: &KvEventBatch) -> Result<(), RouterError> {
         batch
             .events()
@@ -254,9 +471,9 @@ impl Router {
             .try_for_each(|event| self.apply(worker, event))
     }
 
-    /// Forgets what `worker` holds, as after lost events: it will be
-    /// relearned from its next stores (until then it gets no cache credit,
-    /// never credit for blocks it no longer has).
+    /// Forgets what `worker` holds, on every medium, as after lost events:
+    /// it will be relearned from its next stores (until then it gets no
+    /// cache credit, never credit for blocks it no longer has).
     ///
     /// # Errors
     ///
@@ -275,21 +492,25 @@ impl Router {
         Ok(())
     }
 
-    /// What the router knows of `worker`.
+    /// What the router knows of `worker`; `None` unless it is live.
     pub fn stats(&self, worker: WorkerId) -> Option<WorkerStats> {
-        (self.workers.get(&worker)).map(|state| *lock(&state.stats))
+        (self.workers.get(&worker)).map(|state| lock(&state.tally).stats)
     }
 
-    /// The index itself (for queries of its own).
+    /// The index itself, for queries of its own. Changing it through this
+    /// reference bypasses the router's counters (which
+    /// [`audit`](Self::audit) would then report).
     pub fn index(&self) -> &PrefixIndex {
         &self.index
     }
 
-    /// Every live worker with its overlap with `request` and its load, in
-    /// worker order.
+    /// Every live worker with its overlap with `request` (device blocks)
+    /// and its load, in worker order.
     pub fn candidates(&self, request: &RouteRequest<'_>) -> Vec<Candidate> {
+        // The list first: no worker comes or goes while its overlap and
+        // load are read, so an overlap is never a previous incarnation's.
+        let order = self.order_read();
         let overlaps = self.index.overlaps(request.keys);
-        let order = self.order.read().unwrap_or_else(PoisonError::into_inner);
         order
             .iter()
             .filter_map(|&worker| {

@@ -1,8 +1,11 @@
 //! kvbm-router through its public API.
 
+mod fields;
+mod fuzz;
 mod index;
 mod message;
 mod policies;
+mod race;
 mod router;
 
 use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};

@@ -52,21 +52,30 @@ fn form() -> impl Strategy<Value = HashForm> {
     prop_oneof![Just(HashForm::Int64), Just(HashForm::Bytes)]
 }
 
+/// The media a message's format names (the device medium under both its
+/// names, and another), and its block size: mostly the router's.
+fn settings() -> impl Strategy<Value = (Option<&'static str>, u32)> {
+    let medium = prop_oneof![Just(Some("GPU")), Just(None), Just(Some("CPU"))];
+    (medium, prop_oneof![6 => Just(16u32), 1 => Just(32)])
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(crate::cases()))]
 
     #[test]
     fn fuzz_apply_message_is_apply_of_its_wire_events(
         form in form(),
-        messages in prop::collection::vec((0..3u64, message()), 1..24),
+        messages in prop::collection::vec((0..3u64, settings(), message()), 1..24),
     ) {
-        let format = WireFormat::new(16).with_hash_form(form);
         let (direct, wire) = (Router::new(), Router::new());
         for worker in 0..2 {
             direct.add_worker(worker).unwrap();
             wire.add_worker(worker).unwrap();
         }
-        for (worker, message) in &messages {
+        for (worker, (medium, block_size), message) in &messages {
+            let format = WireFormat::new(*block_size)
+                .with_hash_form(form)
+                .with_medium(medium.map(str::to_owned));
             let applied = direct.apply_message(*worker, message, &format);
             if *worker == 2 {
                 // Unknown, even for an empty batch (which has no events to
@@ -74,17 +83,23 @@ proptest! {
                 prop_assert_eq!(applied, Err(RouterError::UnknownWorker(2)));
                 continue;
             }
-            prop_assert_eq!(applied, Ok(()));
-            for event in format.events(message) {
-                wire.apply(*worker, &event).unwrap();
-            }
+            // Refused (for its block size) where the wire batch is, with
+            // the events before applied alike.
+            prop_assert_eq!(applied, wire.apply_batch(*worker, &format.batch(message, 0.0)));
         }
+        let format = WireFormat::new(16).with_hash_form(form);
         let keys: Vec<u128> = (0..24u128)
             .map(|v| kvbm_router::block_key(&format.hash_value(v)))
             .collect();
         prop_assert_eq!(direct.index().len(), wire.index().len());
+        prop_assert_eq!(direct.block_size(), wire.block_size());
+        prop_assert_eq!(direct.audit(), wire.audit());
         for &key in &keys {
             prop_assert_eq!(direct.index().holders(key), wire.index().holders(key));
+            prop_assert_eq!(
+                direct.index().overlaps_on(Some("CPU"), &[key]),
+                wire.index().overlaps_on(Some("CPU"), &[key])
+            );
         }
         for worker in 0..2 as WorkerId {
             prop_assert_eq!(direct.stats(worker), wire.stats(worker));
