@@ -8,6 +8,7 @@ use serde_json::Value;
 /// here, or the check fails.
 pub(crate) const LAYERS: &[&str] = &[
     "kvbm-blocks",
+    "kvbm-tiers",
     "kvbm-sequence",
     "kvbm-schedule",
     "kvbm-queue",

@@ -76,6 +76,7 @@ pub use error::{BlockError, Rejected};
 pub use events::{
     CacheEvent, EventBatch, EventMessage, EventSubscription, Events, MAX_PENDING_BLOCKS, Resync,
 };
+pub use eviction::sketch::FrequencySketch;
 pub use handles::{
     BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock, WeakBlock,
 };

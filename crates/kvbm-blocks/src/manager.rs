@@ -84,6 +84,26 @@ impl<M> BlockManager<M> {
         })
     }
 
+    /// Evicts up to `count` cached blocks in policy order *without reusing
+    /// them*: each stops being matchable (a `Removed` event, as any
+    /// eviction) and comes back held, with the hash it had and its KV
+    /// untouched, so the caller can copy it to a lower tier before dropping
+    /// it frees the block (write-back on eviction). Fewer come back when
+    /// fewer are cached; none when `count` is 0.
+    pub fn evict_blocks(&self, count: usize) -> Vec<(SequenceHash, MutableBlock<M>)> {
+        let evicted = {
+            let mut pool = self.shared.lock();
+            let evicted = pool.evict_held(count);
+            pool.flush_if_full();
+            evicted
+        };
+        trace!(count, evicted = evicted.len(), "evicted into held blocks");
+        evicted
+            .into_iter()
+            .map(|(id, hash)| (hash, MutableBlock::new(Lease::new(self.shared.clone(), id))))
+            .collect()
+    }
+
     /// Takes `count` block ids from the pool under one lock.
     fn allocate_ids(
         &self,

@@ -6,7 +6,7 @@
 mod lineage;
 mod list;
 mod multi_level;
-mod sketch;
+pub(crate) mod sketch;
 
 use crate::{BlockId, EvictionPolicy, SequenceHash};
 

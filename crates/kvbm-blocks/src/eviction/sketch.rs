@@ -1,13 +1,13 @@
-//! A count-min sketch of access frequency per hash, TinyLFU-style: four rows
-//! of saturating 4-bit counts (kept in bytes), halved periodically so old
-//! popularity fades.
+//! [`FrequencySketch`]: a count-min sketch of access frequency per hash,
+//! TinyLFU-style: four rows of saturating 4-bit counts (kept in bytes),
+//! halved periodically so old popularity fades.
 
 use std::hash::BuildHasher;
 
 use foldhash::fast::FixedState;
 
 const ROWS: usize = 4;
-const MAX_COUNT: u8 = 15;
+const MAX_COUNT: u8 = FrequencySketch::MAX_COUNT;
 /// Seeds for the per-row hash functions; any distinct values do.
 const SEEDS: [u64; ROWS] = [
     0x9e37_79b9_7f4a_7c15,
@@ -16,8 +16,23 @@ const SEEDS: [u64; ROWS] = [
     0x27d4_eb2f_1656_67c5,
 ];
 
+/// How often each block hash was seen, approximately and in bounded memory:
+/// the multi-level eviction policy's popularity estimate, and a lower tier's
+/// hit count for selective offload. A count never underestimates (until
+/// aging halves every count after 10 × width increments) and saturates at
+/// [`MAX_COUNT`](Self::MAX_COUNT).
+///
+/// ```
+/// use kvbm_blocks::FrequencySketch;
+///
+/// let mut sketch = FrequencySketch::new(1024);
+/// sketch.increment(7);
+/// sketch.increment(7);
+/// assert_eq!(sketch.estimate(7), 2);
+/// assert_eq!(sketch.estimate(8), 0);
+/// ```
 #[derive(Debug)]
-pub(crate) struct FrequencySketch {
+pub struct FrequencySketch {
     counts: Vec<u8>,
     mask: usize,
     increments: usize,
@@ -27,6 +42,9 @@ pub(crate) struct FrequencySketch {
 }
 
 impl FrequencySketch {
+    /// The highest count an estimate reaches.
+    pub const MAX_COUNT: u8 = 15;
+
     /// A sketch for a pool of `capacity` blocks.
     ///
     /// The hashes worth remembering far outnumber the blocks (evicted ones
@@ -35,7 +53,7 @@ impl FrequencySketch {
     /// to 4 Ki..2 Mi (at most 8 MiB for the four rows). Measured on the
     /// Mooncake conversation trace: a pool-sized sketch collided so much that
     /// hit rates fell 3-8 points below plain LRU.
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize) -> Self {
         let width = capacity
             .saturating_mul(256)
             .clamp(1 << 12, 1 << 21)
@@ -54,7 +72,7 @@ impl FrequencySketch {
     }
 
     /// Counts one access to `key`.
-    pub(crate) fn increment(&mut self, key: u128) {
+    pub fn increment(&mut self, key: u128) {
         for row in 0..ROWS {
             let cell = self.cell(row, key);
             if self.counts[cell] < MAX_COUNT {
@@ -68,7 +86,7 @@ impl FrequencySketch {
     }
 
     /// The estimated access count of `key` (never an underestimate, before aging).
-    pub(crate) fn estimate(&self, key: u128) -> u8 {
+    pub fn estimate(&self, key: u128) -> u8 {
         (0..ROWS)
             .map(|row| self.counts[self.cell(row, key)])
             .min()

@@ -250,6 +250,21 @@ impl PoolState {
         Ok(ids)
     }
 
+    /// Evicts up to `n` cached blocks in policy order and holds them: each is
+    /// unregistered (a `Removed` event) and `Held` with its content, for a
+    /// caller that copies it elsewhere before freeing it.
+    pub(crate) fn evict_held(&mut self, n: usize) -> Vec<(BlockId, SequenceHash)> {
+        let mut out = Vec::with_capacity(n.min(self.inactive.len()));
+        while out.len() < n {
+            let Some((id, hash)) = self.evict_one() else {
+                break;
+            };
+            self.slots[id.index()].state = SlotState::Held;
+            out.push((id, hash));
+        }
+        out
+    }
+
     /// Evicts the policy's victim: unregisters it and leaves it `Free` but off
     /// the free list, for the caller to hand out or push.
     fn evict_one(&mut self) -> Option<(BlockId, SequenceHash)> {

@@ -87,6 +87,10 @@ enum Op {
         kind: u8,
         index: usize,
     },
+    EvictHeld {
+        on: usize,
+        count: usize,
+    },
     ClearCache {
         on: usize,
     },
@@ -111,6 +115,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Reset),
         3 => (any::<u8>(), any::<usize>()).prop_map(|(kind, index)| Op::Drop { kind, index }),
         1 => on().prop_map(|on| Op::ClearCache { on }),
+        1 => (on(), extreme_usize()).prop_map(|(on, count)| Op::EvictHeld { on, count }),
     ]
 }
 
@@ -299,6 +304,18 @@ fn apply(managers: &[BlockManager<Gpu>; 2], held: &mut Held, op: Op) -> Result<(
         },
         Op::ClearCache { on } => {
             managers[on].clear_cache();
+        }
+        Op::EvictHeld { on, count } => {
+            let before = managers[on].metrics();
+            let evicted = managers[on].evict_blocks(count);
+            prop_assert_eq!(evicted.len(), count.min(before.inactive_blocks));
+            let after = managers[on].metrics();
+            prop_assert_eq!(after.inactive_blocks, before.inactive_blocks - evicted.len());
+            prop_assert_eq!(after.free_blocks, before.free_blocks, "held, not freed");
+            for (hash, block) in evicted {
+                prop_assert!(managers[on].scan_matches(&[hash]) == [false], "no longer matchable");
+                held.mutable.push(block);
+            }
         }
     }
     check(managers, held)

@@ -1,0 +1,156 @@
+//! Onboarding: a request's prefix brought up from the lower tiers onto the
+//! device, as load transfers.
+
+use kvbm_blocks::{ImmutableBlock, SequenceHash};
+use tracing::trace;
+
+use crate::flight::{Copy, Landing, Pin};
+use crate::{Lower, TierId, Tiers, TransferId, TransferKind};
+
+/// What [`Tiers::onboard`] set in motion for one request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Onboard {
+    /// Blocks of the prefix that will be on the device once these transfers
+    /// complete (the leading blocks of the hashes given).
+    pub blocks: usize,
+    /// Of those, blocks this call planned loads for, by tier level (`[k]`
+    /// from lower tier `k`; `[0]` is always 0).
+    pub loaded_from: Vec<usize>,
+    /// The transfers to wait for: the loads planned here, and loads of
+    /// other requests already bringing some of these blocks up (waited
+    /// for, not loaded twice).
+    pub transfers: Vec<TransferId>,
+}
+
+impl<D> Tiers<D> {
+    /// Plans loads bringing up to `max_blocks` leading blocks of `hashes`
+    /// (a request's prefix past what the device holds, never covering its
+    /// last prompt token) from the lower tiers to the device, as
+    /// [`lookup`](Self::lookup) found them: each block from the highest
+    /// tier that has it, a block already on its way up waited for, and the
+    /// walk ends at the first block no tier has. Device blocks are
+    /// allocated for the loads now (evicting cached ones if needed); if
+    /// they cannot be, nothing is planned and `blocks` is the number
+    /// already on their way only.
+    ///
+    /// The sources are pinned in their tiers and the destinations held
+    /// until each transfer is reported; a completed load registers its
+    /// blocks on the device ([`Settled::Loaded`](crate::Settled::Loaded)).
+    pub fn onboard(&mut self, hashes: &[SequenceHash], max_blocks: usize) -> Onboard {
+        let mut onboard = Onboard {
+            loaded_from: vec![0; self.lower.len() + 1],
+            ..Onboard::default()
+        };
+        if self.lower.is_empty() {
+            return onboard;
+        }
+        // Each block: waited for, or pinned in the highest tier that has it.
+        let mut waits: Vec<TransferId> = Vec::new();
+        let mut loads: Vec<(SequenceHash, usize, ImmutableBlock<Lower>)> = Vec::new();
+        let mut covered = 0;
+        // Blocks before the first one to load: all on their way already.
+        let mut leading_waits = 0;
+        for &hash in hashes.iter().take(max_blocks) {
+            if let Some(&id) = self.loading.get(&hash.value()) {
+                if !waits.contains(&id) {
+                    waits.push(id);
+                }
+                covered += 1;
+                if loads.is_empty() {
+                    leading_waits += 1;
+                }
+                continue;
+            }
+            let pinned = (self.lower.iter().enumerate()).find_map(|(index, tier)| {
+                let mut matched = tier.pool.match_blocks(&[hash]);
+                matched.pop().map(|block| (index, block))
+            });
+            match pinned {
+                Some((index, block)) => loads.push((hash, index, block)),
+                None => break,
+            }
+            covered += 1;
+        }
+        if let Some(sketch) = &mut self.hits {
+            for (hash, _, _) in &loads {
+                sketch.increment(hash.value());
+            }
+        }
+        let landings = if loads.is_empty() {
+            Vec::new()
+        } else {
+            match self.device.allocate_blocks(loads.len()) {
+                Ok(landings) => landings,
+                Err(_) => {
+                    // No room on the device: load nothing (the pins drop),
+                    // keep only the waits before the first load.
+                    onboard.blocks = leading_waits;
+                    let leading: Vec<u128> = (hashes.iter().take(leading_waits))
+                        .map(|hash| hash.value())
+                        .collect();
+                    onboard.transfers = waits;
+                    onboard.transfers.retain(|id| {
+                        leading
+                            .iter()
+                            .any(|value| self.loading.get(value) == Some(id))
+                    });
+                    return onboard;
+                }
+            }
+        };
+        // One transfer per source tier, in prefix order within it.
+        let mut by_tier: Vec<Vec<Copy<D>>> = (0..self.lower.len()).map(|_| Vec::new()).collect();
+        for ((hash, index, block), landing) in loads.into_iter().zip(landings) {
+            self.lower[index].stats.hit_blocks += 1;
+            onboard.loaded_from[index + 1] += 1;
+            by_tier[index].push(Copy {
+                hash,
+                source: Pin::Lower(block),
+                landing: Landing::Device(landing),
+            });
+        }
+        for (index, copies) in by_tier.into_iter().enumerate() {
+            if copies.is_empty() {
+                continue;
+            }
+            let source = TierId::lower(index).unwrap_or(TierId::DEVICE);
+            let hashes: Vec<u128> = copies.iter().map(|c| c.hash.value()).collect();
+            let id = self.launch(TransferKind::Load, source, TierId::DEVICE, copies);
+            for value in hashes {
+                self.loading.insert(value, id);
+            }
+            waits.push(id);
+            trace!(%source, %id, "load planned");
+        }
+        onboard.blocks = covered;
+        onboard.transfers = waits;
+        // Selective tiers below count these hits too: a block loaded up may
+        // be due for a copy further down.
+        self.offload_hit_lower(hashes.get(..covered).unwrap_or_default());
+        onboard
+    }
+
+    /// Blocks hit in lower tier `k` that a selective tier `k + 1` now takes.
+    fn offload_hit_lower(&mut self, hashes: &[SequenceHash]) {
+        for index in 1..self.lower.len() {
+            let policy = self.lower[index].config.offload;
+            if !matches!(policy, crate::OffloadPolicy::Selective { .. }) {
+                continue;
+            }
+            let due: Vec<SequenceHash> = (hashes.iter().copied())
+                .filter(|&hash| self.takes(policy, hash))
+                .collect();
+            let above = &self.lower[index - 1].pool;
+            let copies = due
+                .into_iter()
+                .filter_map(|hash| {
+                    let mut matched = above.match_blocks(&[hash]);
+                    matched.pop().map(|block| (hash, Pin::Lower(block)))
+                })
+                .collect();
+            let source = TierId::lower(index - 1).unwrap_or(TierId::DEVICE);
+            self.plan_store(source, index, copies);
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The engine's reports: a transfer completed (its destinations become
+//! matchable) or failed (they are freed, nothing is marked loaded).
+
+use kvbm_blocks::{CompleteBlock, ImmutableBlocks, MutableBlock, SequenceHash};
+use tracing::{debug, trace};
+
+use crate::flight::{Flight, Landing, Pin};
+use crate::{Lower, OffloadPolicy, TierError, TierId, Tiers, TransferId, TransferKind};
+
+/// How a transfer ended, by the engine's report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Every block was copied.
+    Completed,
+    /// The copy failed (or timed out in the engine): none of it counts.
+    Failed,
+}
+
+/// What settling a transfer changed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Settled<D> {
+    /// A store completed: its blocks are cached in `tier` now (and may be
+    /// on their way further down).
+    Stored {
+        /// The transfer.
+        id: TransferId,
+        /// Where the blocks are now.
+        tier: TierId,
+        /// How many.
+        blocks: usize,
+    },
+    /// A load completed: its blocks are registered on the device, pinned by
+    /// `blocks` until the caller drops them (so the requests waiting for
+    /// them find them there).
+    Loaded {
+        /// The transfer.
+        id: TransferId,
+        /// The lower tier they came from.
+        from: TierId,
+        /// The blocks, registered on the device, in prefix order.
+        blocks: ImmutableBlocks<D>,
+    },
+    /// The copy failed, or completed after it was abandoned: its
+    /// destinations were freed and nothing became matchable.
+    Dropped {
+        /// The transfer.
+        id: TransferId,
+        /// Which way it went.
+        kind: TransferKind,
+        /// Blocks it would have copied.
+        blocks: usize,
+        /// Whether the engine reported it failed (else it was abandoned).
+        failed: bool,
+    },
+}
+
+impl<D> Settled<D> {
+    /// The transfer settled.
+    pub fn id(&self) -> TransferId {
+        match self {
+            Self::Stored { id, .. } | Self::Loaded { id, .. } | Self::Dropped { id, .. } => *id,
+        }
+    }
+}
+
+impl<D> Tiers<D> {
+    /// The engine completed transfer `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`TierError::UnknownTransfer`] if it was never planned or is settled
+    /// already; nothing changes.
+    pub fn complete(&mut self, id: TransferId) -> Result<Settled<D>, TierError> {
+        self.settle(id, Outcome::Completed)
+    }
+
+    /// The engine failed transfer `id`: its destinations are freed, its
+    /// sources unpinned, and nothing is marked stored or loaded.
+    ///
+    /// # Errors
+    ///
+    /// As [`complete`](Self::complete).
+    pub fn fail(&mut self, id: TransferId) -> Result<Settled<D>, TierError> {
+        self.settle(id, Outcome::Failed)
+    }
+
+    /// Settles a batch of reports, all or nothing: every id must be in
+    /// flight and named once, else nothing changes.
+    ///
+    /// # Errors
+    ///
+    /// [`TierError::UnknownTransfer`], [`TierError::DuplicateReport`].
+    pub fn settle_all(
+        &mut self,
+        reports: &[(TransferId, Outcome)],
+    ) -> Result<Vec<Settled<D>>, TierError> {
+        for (i, (id, _)) in reports.iter().enumerate() {
+            if !self.flights.contains_key(id) {
+                return Err(TierError::UnknownTransfer(*id));
+            }
+            if reports[..i].iter().any(|(other, _)| other == id) {
+                return Err(TierError::DuplicateReport(*id));
+            }
+        }
+        reports
+            .iter()
+            .map(|&(id, outcome)| self.settle(id, outcome))
+            .collect()
+    }
+
+    /// Gives up on transfer `id` (its request stopped waiting): whatever
+    /// the engine reports later, nothing of it becomes matchable. Its blocks
+    /// stay pinned until that report, since the engine may still be writing
+    /// them; a block it was loading may be loaded again meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// As [`complete`](Self::complete).
+    pub fn abandon(&mut self, id: TransferId) -> Result<(), TierError> {
+        let flight = self
+            .flights
+            .get_mut(&id)
+            .ok_or(TierError::UnknownTransfer(id))?;
+        flight.abandoned = true;
+        if flight.kind == TransferKind::Load {
+            self.loading.retain(|_, loading| *loading != id);
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, id: TransferId, outcome: Outcome) -> Result<Settled<D>, TierError> {
+        let flight = self
+            .flights
+            .remove(&id)
+            .ok_or(TierError::UnknownTransfer(id))?;
+        let blocks = flight.copies.len();
+        match outcome {
+            Outcome::Completed => self.counts.completed += 1,
+            Outcome::Failed => self.counts.failed += 1,
+        }
+        self.forget_in_flight(id, &flight);
+        if outcome == Outcome::Failed || flight.abandoned {
+            self.count_dropped(&flight);
+            debug!(%id, blocks, failed = outcome == Outcome::Failed, "transfer dropped");
+            // Pins and destinations drop here: sources back where they
+            // were, destinations freed.
+            return Ok(Settled::Dropped {
+                id,
+                kind: flight.kind,
+                blocks,
+                failed: outcome == Outcome::Failed,
+            });
+        }
+        trace!(%id, blocks, kind = ?flight.kind, "transfer completed");
+        Ok(match flight.kind {
+            TransferKind::Load => self.land_on_device(id, flight),
+            TransferKind::Store => self.land_below(id, flight),
+        })
+    }
+
+    /// The flight's hashes are no longer on their way anywhere.
+    fn forget_in_flight(&mut self, id: TransferId, flight: &Flight<D>) {
+        match flight.destination.lower_index() {
+            None => {
+                for copy in &flight.copies {
+                    if self.loading.get(&copy.hash.value()) == Some(&id) {
+                        self.loading.remove(&copy.hash.value());
+                    }
+                }
+            }
+            Some(index) => {
+                if let Some(tier) = self.lower.get_mut(index) {
+                    for copy in &flight.copies {
+                        tier.incoming.remove(&copy.hash.value());
+                    }
+                }
+            }
+        }
+    }
+
+    fn count_dropped(&mut self, flight: &Flight<D>) {
+        let blocks = flight.copies.len() as u64;
+        match flight.kind {
+            TransferKind::Store => {
+                if let Some(tier) =
+                    (flight.destination.lower_index()).and_then(|i| self.lower.get_mut(i))
+                {
+                    tier.stats.failed_stores += blocks;
+                }
+            }
+            TransferKind::Load => {
+                if let Some(tier) =
+                    (flight.source.lower_index()).and_then(|i| self.lower.get_mut(i))
+                {
+                    tier.stats.failed_loads += blocks;
+                }
+            }
+        }
+    }
+
+    /// A completed load: its blocks registered on the device.
+    fn land_on_device(&mut self, id: TransferId, flight: Flight<D>) -> Settled<D> {
+        let landed: Vec<CompleteBlock<D>> = (flight.copies.into_iter())
+            .filter_map(|copy| match copy.landing {
+                Landing::Device(block) => stage(block, copy.hash),
+                Landing::Lower(_) => None,
+            })
+            .collect();
+        let count = landed.len() as u64;
+        let blocks = self.device.register_blocks(landed).unwrap_or_default();
+        if let Some(tier) = (flight.source.lower_index()).and_then(|i| self.lower.get_mut(i)) {
+            tier.stats.loaded_blocks += count;
+        }
+        self.counts.loaded_blocks += count;
+        Settled::Loaded {
+            id,
+            from: flight.source,
+            blocks,
+        }
+    }
+
+    /// A completed store: its blocks cached in their tier, and passed on to
+    /// the tier below if it takes them.
+    fn land_below(&mut self, id: TransferId, flight: Flight<D>) -> Settled<D> {
+        let Some(index) = flight.destination.lower_index() else {
+            return Settled::Dropped {
+                id,
+                kind: flight.kind,
+                blocks: flight.copies.len(),
+                failed: false,
+            };
+        };
+        let landed: Vec<CompleteBlock<Lower>> = (flight.copies.into_iter())
+            .filter_map(|copy| match copy.landing {
+                Landing::Lower(block) => stage(block, copy.hash),
+                Landing::Device(_) => None,
+            })
+            .collect();
+        let count = landed.len();
+        let Some(tier) = self.lower.get_mut(index) else {
+            return Settled::Stored {
+                id,
+                tier: flight.destination,
+                blocks: 0,
+            };
+        };
+        let stored = tier.pool.register_blocks(landed).unwrap_or_default();
+        tier.stats.stored_blocks += count as u64;
+        self.counts.stored_blocks += count as u64;
+        if let Some(below) = self.lower.get(index + 1) {
+            let policy = below.config.offload;
+            if matches!(
+                policy,
+                OffloadPolicy::WriteThrough | OffloadPolicy::Selective { .. }
+            ) {
+                let copies: Vec<(SequenceHash, Pin<D>)> = (0..stored.len())
+                    .filter_map(|i| stored.get(i))
+                    .filter(|block| self.takes(policy, block.sequence_hash()))
+                    .map(|block| (block.sequence_hash(), Pin::Lower(block)))
+                    .collect();
+                self.plan_store(flight.destination, index + 1, copies);
+            }
+        }
+        Settled::Stored {
+            id,
+            tier: flight.destination,
+            blocks: count,
+        }
+    }
+}
+
+/// A landed block staged under its hash (a full block: it always fits).
+fn stage<M>(block: MutableBlock<M>, hash: SequenceHash) -> Option<CompleteBlock<M>> {
+    let size = block.block_size();
+    block.stage(hash, size).ok()
+}
