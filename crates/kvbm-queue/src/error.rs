@@ -151,6 +151,19 @@ impl<R> From<Rejected<R>> for QueueError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SchedulerError {
+    /// A tier below the device refused (a bad tier configuration, or a
+    /// transfer report naming no transfer in flight).
+    #[error(transparent)]
+    Tier(#[from] kvbm_tiers::TierError),
+    /// A load cost model value is negative or not finite, or the model has
+    /// not one link per lower tier.
+    #[error("load cost {name} of {value} is invalid")]
+    InvalidCost {
+        /// The value's name.
+        name: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// `step` was called while the previous plan still awaits `apply`.
     #[error("step {step} was planned but not applied yet")]
     StepPending {

@@ -7,7 +7,7 @@ use std::fmt;
 use foldhash::fast::RandomState;
 use kvbm_blocks::{BlockManager, FrequencySketch, SequenceHash};
 
-use crate::flight::Flight;
+use crate::flight::{Flight, Landing, Pin};
 use crate::{
     OffloadPolicy, TierConfig, TierError, TierId, TierStats, Transfer, TransferCounts, TransferId,
 };
@@ -176,6 +176,25 @@ impl<D> Tiers<D> {
     /// Transfers in flight.
     pub fn in_flight_count(&self) -> usize {
         self.flights.len()
+    }
+
+    /// Device blocks the transfers in flight hold: sources of stores and
+    /// destinations of loads (for a caller's own audit of who holds what).
+    pub fn device_blocks_held(&self) -> Vec<kvbm_blocks::BlockId> {
+        let mut held = Vec::new();
+        for flight in self.flights.values() {
+            for copy in &flight.copies {
+                match &copy.source {
+                    Pin::Device(block) => held.push(block.block_id()),
+                    Pin::DeviceEvicted(block) => held.push(block.block_id()),
+                    Pin::Lower(_) | Pin::LowerEvicted(_) => {}
+                }
+                if let Landing::Device(block) = &copy.landing {
+                    held.push(block.block_id());
+                }
+            }
+        }
+        held
     }
 
     /// Hands out the transfers planned since the last call, in planning

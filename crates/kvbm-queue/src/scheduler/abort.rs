@@ -5,9 +5,10 @@ use tracing::debug;
 use super::{FinishReason, Finished, RequestId, Scheduler, SchedulerError};
 
 impl<M> Scheduler<M> {
-    /// Takes a request out wherever it is: waiting (new or preempted) or
-    /// running (even mid-step: its scheduled work is reverted, and its
-    /// output, if the engine still sends one, is ignored). Everything it
+    /// Takes a request out wherever it is: waiting (new or preempted),
+    /// onboarding (its loads are abandoned unless another request waits for
+    /// them) or running (even mid-step: its scheduled work is reverted, and
+    /// its output, if the engine still sends one, is ignored). Everything it
     /// held goes back to the pool; its registered blocks stay cached.
     ///
     /// # Errors
@@ -43,6 +44,9 @@ impl<M> Scheduler<M> {
     /// Takes `id` out of the running set, the waiting queue or the parked
     /// sequences, releases what it holds and retires its id.
     fn take_out(&mut self, id: RequestId, reason: FinishReason) -> Option<Finished> {
+        if let Some(done) = self.take_out_onboarding(id, reason) {
+            return Some(done);
+        }
         if let Some(index) = self.position(id) {
             let mut running = self.running.swap_remove(index);
             self.running.reindex();

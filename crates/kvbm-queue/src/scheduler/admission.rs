@@ -39,9 +39,12 @@ impl<M> Scheduler<M> {
         self.manager.available_blocks().saturating_sub(watermark) as u64
     }
 
-    /// The slots left under `max_running`.
+    /// The slots left under `max_running` (onboarding requests hold
+    /// theirs).
     pub(super) fn free_slots(&self) -> usize {
-        self.config.max_running.saturating_sub(self.running.len())
+        (self.config.max_running)
+            .saturating_sub(self.running.len())
+            .saturating_sub(self.onboarding.len())
     }
 
     fn admit_in_order(&mut self, budget: &mut usize, plan: &mut StepPlan) {
@@ -70,7 +73,7 @@ impl<M> Scheduler<M> {
                 break;
             }
             room -= cost;
-            if !self.start(admitted, budget, plan) {
+            if self.start(admitted, budget, plan).is_none() {
                 // Head of line again: everyone behind it keeps their place.
                 for admitted in candidates.by_ref() {
                     self.requeue(admitted, None);
@@ -104,18 +107,19 @@ impl<M> Scheduler<M> {
         }
     }
 
-    /// Starts (or resumes) a candidate and schedules its first chunk; `false`
-    /// if that chunk could not be allocated, in which case the candidate is
-    /// back at its queue place.
+    /// Starts (or resumes) a candidate and schedules its first chunk, or
+    /// onboards it; the blocks it took beyond its matched prefix, or `None`
+    /// if its first chunk could not be allocated, in which case the
+    /// candidate is back at its queue place.
     pub(super) fn start(
         &mut self,
         admitted: Admitted<InferenceRequest>,
         budget: &mut usize,
         plan: &mut StepPlan,
-    ) -> bool {
+    ) -> Option<usize> {
         match self.candidate(&admitted, plan) {
-            Some(candidate) => self.start_seq(admitted, candidate, budget, plan),
-            None => true,
+            Some(candidate) => self.start_seq(admitted, candidate, budget, plan, true),
+            None => Some(0),
         }
     }
 
@@ -147,15 +151,30 @@ impl<M> Scheduler<M> {
     }
 
     /// Schedules the first chunk of a candidate whose sequence holds its
-    /// cached prefix; as [`start`](Self::start).
-    fn start_seq(
+    /// cached prefix, or (with `onboard` and tiers below the device that
+    /// hold more of its prefix) has it wait for loads; as
+    /// [`start`](Self::start).
+    pub(super) fn start_seq(
         &mut self,
         admitted: Admitted<InferenceRequest>,
-        mut candidate: Parked<M>,
+        candidate: Parked<M>,
         budget: &mut usize,
         plan: &mut StepPlan,
-    ) -> bool {
+        onboard: bool,
+    ) -> Option<usize> {
+        if onboard && let Some(tiers) = &mut self.tiers {
+            tiers.record_hits(candidate.seq.inner().assignments().assigned());
+        }
+        let (admitted, mut candidate) = if onboard && candidate.onboard && self.tiers.is_some() {
+            match self.try_onboard(admitted, candidate) {
+                Ok(loading) => return Some(loading),
+                Err(back) => back,
+            }
+        } else {
+            (admitted, candidate)
+        };
         let id = admitted.id();
+        let matched = candidate.seq.held_blocks();
         let admitted_before = candidate.admitted_before;
         let prompt = candidate.seq.total_tokens() as u64;
         let hits = candidate.seq.kv_position() as u64;
@@ -174,13 +193,14 @@ impl<M> Scheduler<M> {
                 let mut running = Running::new(admitted, candidate.seq, self.next_admission);
                 self.next_admission += 1;
                 running.push_work(work, plan);
+                let taken = running.seq.held_blocks().saturating_sub(matched);
                 self.running.push(running);
-                true
+                Some(taken)
             }
             Err(ScheduleError::AllocationFailed { .. }) => {
                 // Its first chunk does not fit: back to its place.
                 self.put_back(admitted, candidate);
-                false
+                None
             }
             Ok(None) | Err(_) => {
                 // Cannot run at all (unreachable for prompts `submit`
@@ -191,7 +211,7 @@ impl<M> Scheduler<M> {
                     FinishReason::Aborted,
                     candidate.seq.generated_tokens(),
                 ));
-                true
+                Some(0)
             }
         }
     }
@@ -243,15 +263,10 @@ impl<M> Scheduler<M> {
                 return;
             }
             self.blocked_head = None;
-            if !self.start_seq(head, candidate, budget, plan) {
+            let Some(allocated) = self.start_seq(head, candidate, budget, plan, true) else {
                 return;
-            }
-            let allocated = self
-                .running
-                .last()
-                .map_or(0, |r| r.seq.held_blocks() as u64)
-                .saturating_sub(matched);
-            outstanding = outstanding.saturating_add(charged.saturating_sub(allocated));
+            };
+            outstanding = outstanding.saturating_add(charged.saturating_sub(allocated as u64));
         }
     }
 
@@ -304,6 +319,7 @@ impl<M> Scheduler<M> {
         Ok(Parked {
             seq,
             admitted_before: false,
+            onboard: true,
         })
     }
 }

@@ -47,10 +47,15 @@ impl<M> Scheduler<M> {
         // Requests that are done are taken out afterwards, keeping the
         // others in order (so the next step need not sort them again).
         let mut done = std::mem::take(&mut self.scratch.done);
+        let mut registered = std::mem::take(&mut self.scratch.registered);
+        let offloading = self.tiers.as_ref().is_some_and(|tiers| tiers.has_lower());
         for (i, running) in self.running.iter_mut().enumerate() {
             let Some(output) = by_id.get(&running.id()).and_then(|&at| outputs.get(at)) else {
                 continue;
             };
+            if offloading {
+                registered.push((i, running.seq.assigned_blocks()));
+            }
             match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
                 Ok(None) => {}
                 Ok(Some(reason)) => done.push((i, reason)),
@@ -61,6 +66,13 @@ impl<M> Scheduler<M> {
                 }
             }
         }
+        // What they registered goes down to the tiers below, before anyone
+        // leaves (the indices are the running set's).
+        for &(i, before) in &registered {
+            self.offload_new_blocks(i, before);
+        }
+        registered.clear();
+        self.scratch.registered = registered;
         for &(i, reason) in done.iter().rev() {
             let finished = self.running.remove(i);
             let generated = finished.seq.generated_tokens();

@@ -6,8 +6,8 @@ use super::{RequestId, Scheduler, SchedulerError};
 
 /// Where every request is: the scheduler's conservation law.
 ///
-/// `submitted == waiting + running + finished + aborted` holds after every
-/// call ([`is_balanced`](Self::is_balanced)).
+/// `submitted == waiting + onboarding + running + finished + aborted` holds
+/// after every call ([`is_balanced`](Self::is_balanced)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Census {
@@ -17,6 +17,9 @@ pub struct Census {
     pub waiting: u64,
     /// Requests admitted and holding blocks.
     pub running: u64,
+    /// Requests admitted and waiting for their prefix to be loaded from a
+    /// tier below the device (holding device blocks, not yet running).
+    pub onboarding: u64,
     /// Requests that finished (max tokens or stop).
     pub finished: u64,
     /// Requests aborted, cancelled while waiting, or dropped because the
@@ -49,10 +52,16 @@ impl Census {
     /// Whether every submitted request is in exactly one place (summed in
     /// `u128`, so counters set by hand to any value cannot overflow).
     pub fn is_balanced(&self) -> bool {
-        let placed = [self.waiting, self.running, self.finished, self.aborted]
-            .into_iter()
-            .map(u128::from)
-            .sum::<u128>();
+        let placed = [
+            self.waiting,
+            self.onboarding,
+            self.running,
+            self.finished,
+            self.aborted,
+        ]
+        .into_iter()
+        .map(u128::from)
+        .sum::<u128>();
         u128::from(self.submitted) == placed
     }
 }
@@ -65,6 +74,7 @@ impl<M> Scheduler<M> {
             submitted: queue.enqueued,
             waiting: queue.len as u64,
             running: self.running.len() as u64,
+            onboarding: self.onboarding.len() as u64,
             finished: self.counters.finished,
             aborted: self.counters.aborted_running
                 + self.counters.dropped_on_restore
@@ -100,7 +110,9 @@ impl<M> Scheduler<M> {
         if !census.is_balanced() {
             return fail(format!("requests unaccounted for: {census:?}"));
         }
-        let running_ids: HashSet<RequestId> = self.running_ids().collect();
+        let mut running_ids: HashSet<RequestId> = self.running_ids().collect();
+        // Onboarding requests are admitted too: out of the queue, live.
+        running_ids.extend(self.onboarding.iter().map(|o| o.admitted.id()));
         // Every live id is running, waiting, or cancelled and not yet ended
         // (the handle took it out of the queue); every running and waiting
         // id is live.
@@ -138,10 +150,26 @@ impl<M> Scheduler<M> {
             }
             held.extend(running.seq.block_ids());
         }
+        for onboarding in &self.onboarding {
+            if self.queue.contains(onboarding.admitted.id()) {
+                return fail(format!(
+                    "{} is both onboarding and waiting",
+                    onboarding.admitted.id()
+                ));
+            }
+            held.extend(onboarding.parked.seq.block_ids());
+            for loaded in &onboarding.loaded {
+                held.extend(loaded.block_ids());
+            }
+        }
+        if let Some(tiers) = &self.tiers {
+            held.extend(tiers.device_blocks_held());
+            tiers.audit()?;
+        }
         let blocks = self.manager.audit()?;
         if blocks.in_use_blocks() != held.len() {
             return fail(format!(
-                "{} blocks in use but running requests hold {}",
+                "{} blocks in use but running and onboarding requests and transfers hold {}",
                 blocks.in_use_blocks(),
                 held.len()
             ));

@@ -7,6 +7,7 @@ mod census;
 mod config;
 mod live;
 mod lookups;
+mod onboard;
 mod plan;
 mod preemption;
 mod request;
@@ -20,12 +21,15 @@ use std::fmt;
 
 use kvbm_blocks::BlockManager;
 use kvbm_schedule::SchedulableSequence;
+use kvbm_tiers::Tiers;
 
 pub use self::census::Census;
 pub use self::config::{Preemption, SchedulerConfig};
 use self::live::LiveIds;
 pub use self::live::SubmitHandle;
 pub use self::lookups::PAD_SLOT;
+use self::onboard::Onboarding;
+pub use self::onboard::{LinkCost, LoadCost, OnboardStats, TiersConfig};
 pub use self::plan::{
     DecodeWork, EngineOutput, Finished, PrefillWork, RolledBack, StepPlan, StepReport,
 };
@@ -92,6 +96,13 @@ pub struct Scheduler<M> {
     output_index: OutputIndex,
     /// Metric handles (no-ops without an installed recorder).
     telemetry: Telemetry,
+    /// The tiers below the device, if any (`with_tiers`).
+    tiers: Option<Tiers<M>>,
+    tiers_config: TiersConfig,
+    /// Admitted requests waiting for their prefix to be loaded, in
+    /// admission order.
+    onboarding: Vec<Onboarding<M>>,
+    onboard_stats: OnboardStats,
 }
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
@@ -106,6 +117,10 @@ struct Parked<M> {
     /// resumption, not its first: prefix-cache queries count only first
     /// admissions).
     admitted_before: bool,
+    /// Whether it may wait for loads from the tiers below the device: not
+    /// after its onboarding timed out (it recomputes instead, even if its
+    /// first try must wait for room).
+    onboard: bool,
 }
 
 #[derive(Debug)]
@@ -173,7 +188,51 @@ impl<M> Scheduler<M> {
             scratch: Scratch::default(),
             output_index: OutputIndex::default(),
             telemetry: Telemetry::default(),
+            tiers: None,
+            tiers_config: TiersConfig::new(Vec::new()),
+            onboarding: Vec::new(),
+            onboard_stats: OnboardStats::default(),
         })
+    }
+
+    /// A scheduler over `manager`'s pool (the device tier) with tiers below
+    /// it: blocks its requests compute are offloaded as each tier's policy
+    /// says, and a request whose prefix a lower tier holds is onboarded
+    /// (its loads listed in [`StepPlan::transfers`], reported through
+    /// [`report_transfers`](Self::report_transfers)) before it computes the
+    /// rest. With no lower tier it is [`new`](Self::new).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`SchedulerError::Tier`] for a tier that
+    /// cannot be built, [`SchedulerError::InvalidCost`] for a cost model
+    /// with a negative or non-finite value, [`SchedulerError::ZeroLimit`]
+    /// for `max_onboarding_blocks` 0.
+    pub fn with_tiers(
+        manager: BlockManager<M>,
+        config: SchedulerConfig,
+        tiers: TiersConfig,
+    ) -> Result<Self, SchedulerError> {
+        tiers.validate()?;
+        let lower = if tiers.lower.is_empty() {
+            None
+        } else {
+            Some(Tiers::new(manager.clone(), tiers.lower.clone())?)
+        };
+        let mut scheduler = Self::new(manager, config)?;
+        scheduler.tiers = lower;
+        scheduler.tiers_config = tiers;
+        Ok(scheduler)
+    }
+
+    /// The tiers below the device (`None` without [`with_tiers`](Self::with_tiers)).
+    pub fn tiers(&self) -> Option<&Tiers<M>> {
+        self.tiers.as_ref()
+    }
+
+    /// What onboarding has done.
+    pub fn onboard_stats(&self) -> OnboardStats {
+        self.onboard_stats
     }
 
     /// Queues a request (see [`SubmitHandle::submit`]).
@@ -204,7 +263,7 @@ impl<M> Scheduler<M> {
     /// been reported finished (a cancellation not yet reported keeps the
     /// scheduler busy until the next step reports it).
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.live.state().live.is_empty()
+        self.running.is_empty() && self.onboarding.is_empty() && self.live.state().live.is_empty()
     }
 
     /// A running (or just admitted) request leaves: counted as finished or

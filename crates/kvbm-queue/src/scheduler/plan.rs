@@ -30,10 +30,18 @@ pub struct StepPlan {
     /// Requests that left while planning: one that outgrew the whole pool
     /// ([`FinishReason::CapacityExceeded`]), or one that cannot run at all.
     pub finished: Vec<Finished>,
+    /// Copies between tiers to run (with [`Scheduler::with_tiers`](crate::Scheduler::with_tiers)):
+    /// stores down the hierarchy and loads of onboarding requests' prefixes
+    /// onto the device, each reported back through
+    /// [`Scheduler::report_transfers`](crate::Scheduler::report_transfers)
+    /// whenever it ends (this step or a later one). Stores may run beside
+    /// the step; a load's destination blocks belong to no planned request
+    /// until it is reported.
+    pub transfers: Vec<kvbm_tiers::Transfer>,
 }
 
 impl StepPlan {
-    /// Whether there is nothing to run.
+    /// Whether there is nothing to compute (transfers may still be listed).
     pub fn is_empty(&self) -> bool {
         self.prefill.is_empty() && self.decode.is_empty()
     }

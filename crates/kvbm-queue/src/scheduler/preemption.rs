@@ -23,6 +23,7 @@ impl<M> Scheduler<M> {
         let parked = Parked {
             seq,
             admitted_before: true,
+            onboard: true,
         };
         self.requeue_boosted(admitted, Some(parked), self.config.preemption_boost);
         debug!(%id, "preempted");
@@ -96,7 +97,7 @@ impl<M> Scheduler<M> {
                 eligible -= 1;
             }
             debug!(id = %head.id(), "admitted by priority preemption");
-            if !self.start(head, budget, plan) {
+            if self.start(head, budget, plan).is_none() {
                 return;
             }
         }

@@ -324,4 +324,7 @@ pub(super) struct Scratch {
     pub(super) tokens: Vec<u32>,
     /// Requests `apply` found done, by index in `running`, with why.
     pub(super) done: Vec<(usize, FinishReason)>,
+    /// With tiers below the device: requests committed, by index in
+    /// `running`, with the blocks they had registered before.
+    pub(super) registered: Vec<(usize, usize)>,
 }

@@ -59,13 +59,23 @@ impl<M> Scheduler<M> {
         plan.decode.clear();
         plan.preempted.clear();
         plan.finished.clear();
+        plan.transfers.clear();
         // Cancelled requests leave before anything is planned for them.
         let mut cancelled = Vec::new();
         self.end_cancelled(&mut cancelled);
+        if let Some(tiers) = &mut self.tiers {
+            // Room for this step's allocations, written down first.
+            tiers.write_back();
+        }
         let mut budget = self.config.token_budget;
         self.schedule_running(&mut budget, plan);
         if plan.preempted.is_empty() {
+            // Onboarded requests were admitted before anyone waiting.
+            self.start_onboarded(&mut budget, plan);
             self.admit(&mut budget, plan);
+        }
+        if let Some(tiers) = &mut self.tiers {
+            tiers.take_planned(&mut plan.transfers);
         }
         self.next_step += 1;
         self.running.reindex();
@@ -90,6 +100,11 @@ impl<M> Scheduler<M> {
         // Usually already in order: admissions append in order and `apply`
         // and preemption remove without reordering.
         self.running.sort_by_key(order);
+        // Device blocks held by onboarding requests or transfers in flight
+        // come back by themselves: until they do, no request is alone with
+        // the whole pool.
+        let others_hold = !self.onboarding.is_empty()
+            || self.tiers.as_ref().is_some_and(|t| t.in_flight_count() > 0);
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             match self.running[i].schedule(
@@ -102,6 +117,12 @@ impl<M> Scheduler<M> {
                     i += 1;
                 }
                 Ok(None) => i += 1,
+                Err(ScheduleError::AllocationFailed { .. })
+                    if self.running.len() == 1 && others_hold =>
+                {
+                    // Waits for the held blocks instead.
+                    i += 1;
+                }
                 Err(ScheduleError::AllocationFailed { .. }) if self.running.len() == 1 => {
                     // Alone and still out of blocks: its length outgrew the
                     // whole pool, and preempting it would only loop.

@@ -32,6 +32,8 @@ mod speculative;
 mod stress;
 #[cfg(not(kvbm_loom))]
 mod telemetry;
+#[cfg(not(kvbm_loom))]
+mod tiers;
 
 use kvbm_queue::{Priority, QueueConfig, Request, RequestQueue};
 
