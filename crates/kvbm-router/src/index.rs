@@ -273,6 +273,45 @@ impl PrefixIndex {
         (self.media.find(medium)).map_or_else(Vec::new, |slot| self.overlaps_in(slot, keys))
     }
 
+    /// For each worker holding at least the first block on some medium:
+    /// its device overlap and, past it, the weighted credit of the blocks
+    /// that continue the prefix on the lower media `weights` names (each
+    /// block counted once, at the weight of the first medium in `weights`
+    /// holding it; the walk ends at the first block no medium holds), in
+    /// worker order. Media never stored on are skipped.
+    pub fn tiered_overlaps(
+        &self,
+        weights: &[(&str, f64)],
+        keys: &[u128],
+    ) -> Vec<(WorkerId, usize, f64)> {
+        let slots: Vec<(Slot, f64)> = (weights.iter())
+            .filter_map(|&(name, weight)| {
+                let slot = self.media.find(Some(name))?;
+                (slot != DEVICE_SLOT).then_some((slot, weight))
+            })
+            .collect();
+        (self.read().iter())
+            .filter_map(|(id, held)| {
+                let held = lock(held);
+                let device = held.on(DEVICE_SLOT);
+                let depth = match device {
+                    Some(blocks) => keys.iter().take_while(|key| blocks.contains(key)).count(),
+                    None => 0,
+                };
+                let mut credit = 0.0;
+                for key in &keys[depth..] {
+                    let weight = (slots.iter())
+                        .find_map(|&(slot, weight)| held.on(slot)?.contains(key).then_some(weight));
+                    match weight {
+                        Some(weight) => credit += weight,
+                        None => break,
+                    }
+                }
+                (depth > 0 || credit > 0.0).then_some((*id, depth, credit))
+            })
+            .collect()
+    }
+
     fn overlaps_in(&self, slot: Slot, keys: &[u128]) -> Vec<(WorkerId, usize)> {
         (self.read().iter())
             .filter_map(|(id, held)| {

@@ -22,14 +22,31 @@ impl RouteRequest<'_> {
 }
 
 /// One worker the request could go to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
     /// Who.
     pub worker: WorkerId,
-    /// Leading blocks of the request it holds (from its KV events).
+    /// Leading blocks of the request it holds on its device (from its KV
+    /// events).
     pub overlap_blocks: usize,
+    /// The blocks past those that it holds in lower tiers (host, disk), each
+    /// weighed by its medium's weight ([`Router::with_medium_weight`](crate::Router::with_medium_weight));
+    /// 0 with no weights set. A block worth 0.5 costs half its prefill.
+    pub tier_credit: f64,
     /// Its last reported load.
     pub load: WorkerLoad,
+}
+
+impl Candidate {
+    /// A candidate with no lower-tier credit.
+    pub fn new(worker: WorkerId, overlap_blocks: usize, load: WorkerLoad) -> Self {
+        Self {
+            worker,
+            overlap_blocks,
+            tier_credit: 0.0,
+            load,
+        }
+    }
 }
 
 /// Chooses a worker for a request. Implement it to route your own way; the
@@ -147,6 +164,10 @@ impl Policy for LeastLoaded {
 /// decode_blocks  = active blocks + the request's blocks
 /// ```
 ///
+/// where a block cached in a lower tier counts as cached by its medium's
+/// weight ([`Candidate::tier_credit`]): loading it is cheaper than
+/// computing it, dearer than finding it on the device.
+///
 /// and the lowest logit wins (ties drawn at random). With a temperature
 /// above zero the choice is a softmax draw over the logits normalized to
 /// `0..=1`, `p ∝ exp(-logit / temperature)`, which spreads load when
@@ -197,7 +218,14 @@ impl KvAware {
         let block_size = request.block_size.max(1) as f64;
         let cached_tokens = (candidate.overlap_blocks.saturating_mul(request.block_size))
             .min(request.prompt_tokens);
-        let new_tokens = (request.prompt_tokens - cached_tokens) as f64;
+        let credit = if candidate.tier_credit.is_finite() {
+            candidate.tier_credit.max(0.0)
+        } else {
+            0.0
+        };
+        let new_tokens = ((request.prompt_tokens - cached_tokens) as f64
+            - credit * request.block_size as f64)
+            .max(0.0);
         let prefill_blocks =
             (candidate.load.queued_prefill_tokens as f64 + new_tokens) / block_size;
         let decode_blocks = candidate.load.active_blocks as f64 + request.prompt_blocks() as f64;

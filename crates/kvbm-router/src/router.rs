@@ -156,6 +156,9 @@ pub struct Router {
     /// Tokens per block, plus one; 0 until set or fixed by the first
     /// accepted `BlockStored`, then never changed.
     block_size: AtomicU64,
+    /// What a block held on a lower medium is worth against one on the
+    /// device, by medium (none: lower tiers earn nothing).
+    medium_weights: Vec<(String, f64)>,
 }
 
 impl Default for Router {
@@ -173,6 +176,7 @@ impl Router {
             workers: DashMap::default(),
             order: RwLock::new(Vec::new()),
             block_size: AtomicU64::new(0),
+            medium_weights: Vec::new(),
         }
     }
 
@@ -184,6 +188,33 @@ impl Router {
             .block_size
             .store(u64::from(block_size) + 1, Ordering::Relaxed);
         router
+    }
+
+    /// Credits blocks a worker holds on `medium` (a lower tier: `"CPU"`,
+    /// `"DISK"`, ...) right after its device prefix at `weight` of a device
+    /// block (clamped to `0..=1`; non-finite means 0), so KV-aware routing
+    /// prefers a worker that can load a prefix over one that must compute
+    /// it, and one that holds it on its device over both. Set before use;
+    /// a medium named twice keeps the last weight; the device medium
+    /// (`"GPU"`) always counts 1.
+    ///
+    /// A reasonable weight is what loading saves of computing: `1 -
+    /// load_time / compute_time` per block (a host tier over PCIe saves
+    /// most of it, a disk less).
+    pub fn with_medium_weight(mut self, medium: &str, weight: f64) -> Self {
+        let weight = if weight.is_finite() {
+            weight.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        if medium == "GPU" {
+            return self;
+        }
+        self.medium_weights.retain(|(name, _)| name != medium);
+        self.medium_weights.push((medium.to_owned(), weight));
+        self.medium_weights
+            .sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+        self
     }
 
     /// Tokens per block of the blocks it indexes: as set, or as the first
@@ -510,6 +541,26 @@ impl Router {
         // The list first: no worker comes or goes while its overlap and
         // load are read, so an overlap is never a previous incarnation's.
         let order = self.order_read();
+        if !self.medium_weights.is_empty() {
+            let weights: Vec<(&str, f64)> = (self.medium_weights.iter())
+                .map(|(name, weight)| (name.as_str(), *weight))
+                .collect();
+            let overlaps = self.index.tiered_overlaps(&weights, request.keys);
+            return (order.iter())
+                .filter_map(|&worker| {
+                    let load = *lock(&self.workers.get(&worker)?.load);
+                    let (overlap_blocks, tier_credit) = (overlaps
+                        .binary_search_by_key(&worker, |&(w, _, _)| w))
+                    .map_or((0, 0.0), |at| (overlaps[at].1, overlaps[at].2));
+                    Some(Candidate {
+                        worker,
+                        overlap_blocks,
+                        tier_credit,
+                        load,
+                    })
+                })
+                .collect();
+        }
         let overlaps = self.index.overlaps(request.keys);
         order
             .iter()
@@ -517,11 +568,7 @@ impl Router {
                 let load = *lock(&self.workers.get(&worker)?.load);
                 let overlap_blocks = (overlaps.binary_search_by_key(&worker, |&(w, _)| w))
                     .map_or(0, |at| overlaps[at].1);
-                Some(Candidate {
-                    worker,
-                    overlap_blocks,
-                    load,
-                })
+                Some(Candidate::new(worker, overlap_blocks, load))
             })
             .collect()
     }

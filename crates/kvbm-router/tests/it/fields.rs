@@ -336,3 +336,62 @@ fn errors_are_send_sync_static_and_lowercase() {
         assert!(first.is_lowercase() && !message.ends_with('.'), "{message}");
     }
 }
+
+/// With weights set, a worker holding a request's prefix in a lower tier
+/// beats a cold one and loses to one holding it on its device; without
+/// them, lower tiers earn nothing (as before).
+#[test]
+fn lower_tier_hits_are_credited_below_device_hits() {
+    use kvbm_router::{KvAware, RouteRequest};
+    let stored = |medium: &str, hashes: &[u64]| {
+        KvEvent::BlockStored(BlockStored {
+            block_hashes: hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
+            parent_block_hash: None,
+            token_ids: (0..16 * hashes.len() as u32).collect(),
+            block_size: 16,
+            lora_id: None,
+            medium: Some(medium.to_owned()),
+            lora_name: None,
+        })
+    };
+    let request = RouteRequest {
+        keys: &[1, 2, 3, 4],
+        prompt_tokens: 64,
+        block_size: 16,
+    };
+    let build = |weighted: bool| {
+        let mut router = Router::new();
+        if weighted {
+            router = router
+                .with_medium_weight("CPU", 0.6)
+                .with_medium_weight("DISK", 0.3);
+        }
+        for worker in [1, 2, 3] {
+            router.add_worker(worker).unwrap();
+        }
+        router.apply(2, &stored("GPU", &[1])).unwrap();
+        router.apply(2, &stored("CPU", &[2, 3])).unwrap();
+        router.apply(2, &stored("DISK", &[4])).unwrap();
+        router.apply(3, &stored("GPU", &[1, 2, 3, 4])).unwrap();
+        router
+    };
+    let router = build(true);
+    let candidates = router.candidates(&request);
+    assert_eq!(candidates[0].tier_credit, 0.0, "cold");
+    assert_eq!(candidates[1].overlap_blocks, 1);
+    assert!((candidates[1].tier_credit - (0.6 + 0.6 + 0.3)).abs() < 1e-9);
+    assert_eq!(
+        (candidates[2].overlap_blocks, candidates[2].tier_credit),
+        (4, 0.0)
+    );
+    let policy = KvAware::new(0);
+    let logits: Vec<f64> = candidates
+        .iter()
+        .map(|c| policy.logit(&request, c))
+        .collect();
+    assert!(logits[2] < logits[1] && logits[1] < logits[0], "{logits:?}");
+    let plain = build(false);
+    let candidates = plain.candidates(&request);
+    assert_eq!(candidates[1].tier_credit, 0.0, "no weights, no credit");
+    assert_eq!(candidates[1].overlap_blocks, 1);
+}

@@ -265,11 +265,7 @@ impl Model {
                     .iter()
                     .take_while(|k| device.is_some_and(|held| held.contains(k)))
                     .count();
-                Candidate {
-                    worker,
-                    overlap_blocks,
-                    load: state.load,
-                }
+                Candidate::new(worker, overlap_blocks, state.load)
             })
             .collect()
     }

@@ -5,15 +5,15 @@ use kvbm_router::{
 };
 
 fn candidate(worker: u64, overlap_blocks: usize, active: u64, queued: u64) -> Candidate {
-    Candidate {
+    Candidate::new(
         worker,
         overlap_blocks,
-        load: WorkerLoad {
+        WorkerLoad {
             active_blocks: active,
             queued_prefill_tokens: queued,
             running_requests: active / 4,
         },
-    }
+    )
 }
 
 /// A 10-block (160-token) request.
