@@ -310,10 +310,16 @@ fn apply(managers: &[BlockManager<Gpu>; 2], held: &mut Held, op: Op) -> Result<(
             let evicted = managers[on].evict_blocks(count);
             prop_assert_eq!(evicted.len(), count.min(before.inactive_blocks));
             let after = managers[on].metrics();
-            prop_assert_eq!(after.inactive_blocks, before.inactive_blocks - evicted.len());
+            prop_assert_eq!(
+                after.inactive_blocks,
+                before.inactive_blocks - evicted.len()
+            );
             prop_assert_eq!(after.free_blocks, before.free_blocks, "held, not freed");
             for (hash, block) in evicted {
-                prop_assert!(managers[on].scan_matches(&[hash]) == [false], "no longer matchable");
+                prop_assert!(
+                    managers[on].scan_matches(&[hash]) == [false],
+                    "no longer matchable"
+                );
                 held.mutable.push(block);
             }
         }
