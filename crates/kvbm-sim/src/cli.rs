@@ -246,10 +246,21 @@ pub(crate) struct ServeArgs {
     /// With --kv-events, the topic frame of every message.
     #[arg(long, value_name = "T", default_value = "", requires = "kv_events")]
     pub(crate) kv_events_topic: String,
-    /// With --kv-events, wait up to MS for a first subscriber before
-    /// replaying.
+    /// With --kv-events, wait up to MS for the subscribers
+    /// (--kv-events-subscribers) before replaying, so none misses the first
+    /// batches.
     #[arg(long, value_name = "MS", default_value_t = 0, requires = "kv_events")]
     pub(crate) kv_events_wait_ms: u64,
+    /// With --kv-events-wait-ms, how many subscribers to wait for (a router
+    /// and a monitor: 2; each SUB socket counts once; at most 1024). 0 does
+    /// not wait.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        requires = "kv_events_wait_ms"
+    )]
+    pub(crate) kv_events_subscribers: usize,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub(crate) json: bool,
@@ -286,6 +297,14 @@ pub(crate) struct ClusterArgs {
     pub(crate) engine: EngineArgs,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
+    /// Refuse a cluster whose estimated memory for the trace exceeds this
+    /// many gigabytes (10^9 bytes), before building anything.
+    #[arg(
+        long,
+        value_name = "GB",
+        default_value_t = ClusterConfig::DEFAULT_MEMORY_BUDGET as f64 / 1e9
+    )]
+    pub(crate) memory_limit_gb: f64,
     /// Directory for cluster.svg and cluster.json (created if missing).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -296,11 +315,12 @@ pub(crate) struct ClusterArgs {
 
 impl ClusterArgs {
     pub(crate) fn config(&self) -> Result<ClusterConfig, SimError> {
-        Ok(ClusterConfig::new(self.engines, self.engine.config()?)
+        ClusterConfig::new(self.engines, self.engine.config()?)
             .with_policies(self.policies.clone())
             .with_overlap_weight(self.overlap_weight)
             .with_temperature(self.temperature)
-            .with_threads(self.threads))
+            .with_threads(self.threads)
+            .with_memory_limit_gb(self.memory_limit_gb)
     }
 }
 
@@ -354,6 +374,22 @@ pub(crate) fn aging(per_second: f64) -> Result<Aging, SimError> {
     // Rates too small for a step to fit a `Duration` age nothing.
     let step = Duration::try_from_secs_f64(1.0 / per_second).unwrap_or(Duration::MAX);
     Ok(Aging::Timed { step })
+}
+
+/// The most `--kv-events` subscribers to wait for: each is a connection,
+/// and a process may hold 1,024 file descriptors by default (Linux's soft
+/// limit), so more could never all join.
+pub(crate) const MAX_SUBSCRIBERS: usize = 1024;
+
+/// `count` if it is at most [`MAX_SUBSCRIBERS`].
+pub(crate) fn check_subscribers(count: usize) -> Result<usize, SimError> {
+    if count > MAX_SUBSCRIBERS {
+        return Err(SimError::TooManySubscribers {
+            count,
+            max: MAX_SUBSCRIBERS,
+        });
+    }
+    Ok(count)
 }
 
 /// `full`, or a cap in tokens.

@@ -61,6 +61,19 @@ pub enum SimError {
         /// The request's `output_length` as written.
         output_length: u64,
     },
+    /// A request arrives later than the simulated clock can follow
+    /// ([`MAX_TIMESTAMP_MS`](crate::MAX_TIMESTAMP_MS), about 292 years).
+    #[error(
+        "trace line {line}: timestamp {timestamp} ms exceeds the maximum of {max} ms (about 292 years)",
+        max = crate::MAX_TIMESTAMP_MS
+    )]
+    TimestampTooLarge {
+        /// 1-based line number in the trace (for in-memory traces, the
+        /// request's 1-based index).
+        line: usize,
+        /// The request's `timestamp` as written, in milliseconds.
+        timestamp: u64,
+    },
     /// The trace has no requests.
     #[error("the trace has no requests")]
     EmptyTrace,
@@ -152,6 +165,17 @@ pub enum SimError {
         /// Requests running.
         running: u64,
     },
+    /// Simulated time ran past what the clock counts (`u64` nanoseconds,
+    /// about 584 years): step times so long, or so many steps after the
+    /// last arrival, that no report could state them.
+    #[error(
+        "simulated time passed the clock's limit of about 584 years at scheduler step {step}: \
+         the step times (--step-ms, --prefill-token-ms, --decode-request-ms) are too long for this trace"
+    )]
+    ClockOverflow {
+        /// The scheduler step whose end could not be counted.
+        step: u64,
+    },
     /// A routing policy name that is not one of cluster mode's.
     #[error(
         "unknown routing policy `{name}` (expected random, round-robin, least-loaded or kv-aware)"
@@ -176,8 +200,8 @@ pub enum SimError {
     /// A cluster of no engines.
     #[error("a cluster needs at least one engine")]
     ZeroEngines,
-    /// More blocks over all engines than one pool may hold, or more engines
-    /// than there is memory to set up.
+    /// More blocks over all engines than one pool may hold (a cluster that
+    /// fits that but not the machine is [`SimError::ClusterMemory`]).
     #[error(
         "a cluster of {engines} engines of {capacity_blocks} blocks is too large \
          (at most {max} blocks in all)"
@@ -189,6 +213,45 @@ pub enum SimError {
         capacity_blocks: usize,
         /// The most blocks all engines may hold together.
         max: usize,
+    },
+    /// A cluster whose estimated memory
+    /// ([`ClusterConfig::memory_estimate`](crate::ClusterConfig::memory_estimate))
+    /// exceeds its budget: refused before any engine is built.
+    #[error(
+        "a cluster of {engines} engines of {capacity_blocks} blocks needs an estimated {} for this trace, \
+         over the memory budget of {}: use fewer engines (--engines) or smaller pools \
+         (--capacity-tokens), or raise the budget with --memory-limit-gb",
+        crate::format::gigabytes(.estimate_bytes),
+        crate::format::gigabytes(.budget_bytes)
+    )]
+    ClusterMemory {
+        /// Engines asked for.
+        engines: usize,
+        /// Blocks per engine.
+        capacity_blocks: usize,
+        /// What the replay would allocate, by the estimate, in bytes.
+        estimate_bytes: u64,
+        /// The budget, in bytes.
+        budget_bytes: u64,
+    },
+    /// A memory budget that is zero, negative, not a number or absurdly
+    /// large.
+    #[error(
+        "memory limit must be a finite number of gigabytes above 0 and at most {max}, got {value:?}",
+        max = crate::ClusterConfig::MAX_MEMORY_BUDGET / 1_000_000_000
+    )]
+    InvalidMemoryLimit {
+        /// The value given, in gigabytes (10^9 bytes).
+        value: f64,
+    },
+    /// Memory for a replay's state could not be reserved: the machine
+    /// refused an allocation the memory estimate let through.
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// How many bytes.
+        bytes: u64,
     },
     /// A KV-aware routing parameter that is negative or not finite.
     #[error("{name} must be a finite number at least 0, not {value}")]
@@ -203,6 +266,17 @@ pub enum SimError {
     Threads {
         /// What the pool builder said.
         reason: String,
+    },
+    /// More `--kv-events` subscribers to wait for than a publisher could
+    /// accept.
+    #[error(
+        "--kv-events-subscribers {count}: cannot wait for more than {max} KV event subscribers"
+    )]
+    TooManySubscribers {
+        /// The count asked for.
+        count: usize,
+        /// The most accepted.
+        max: usize,
     },
     /// The replay's event sink failed (the `--kv-events` socket).
     #[error("publishing KV events: {reason}")]

@@ -18,6 +18,17 @@ pub(crate) fn percent(rate: f64) -> String {
     format!("{:.2}%", rate * 100.0)
 }
 
+/// A byte count in gigabytes (10^9 bytes) with two decimals, `12.00 GB`;
+/// counts under 10 MB in megabytes and under 10 kB in bytes, so a small
+/// number never reads as zero.
+pub(crate) fn gigabytes(bytes: &u64) -> String {
+    match *bytes {
+        bytes if bytes >= 10_000_000 => format!("{:.2} GB", bytes as f64 / 1e9),
+        bytes if bytes >= 10_000 => format!("{:.2} MB", bytes as f64 / 1e6),
+        bytes => format!("{bytes} bytes"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -29,5 +40,10 @@ mod tests {
         assert_eq!(group(1000), "1,000");
         assert_eq!(group(144_793_823), "144,793,823");
         assert_eq!(percent(0.366_412), "36.64%");
+        assert_eq!(gigabytes(&12_000_000_000), "12.00 GB");
+        assert_eq!(gigabytes(&45_678_901), "0.05 GB");
+        assert_eq!(gigabytes(&9_999_999), "10.00 MB");
+        assert_eq!(gigabytes(&12_345), "0.01 MB");
+        assert_eq!(gigabytes(&9_999), "9999 bytes");
     }
 }

@@ -147,7 +147,9 @@ pub use mode::serve::{
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;
 pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};
-pub use trace::{CONVERSATION_EXCERPT, TRACE_BLOCK_TOKENS, Trace, TraceRequest, TraceSummary};
+pub use trace::{
+    CONVERSATION_EXCERPT, MAX_TIMESTAMP_MS, TRACE_BLOCK_TOKENS, Trace, TraceRequest, TraceSummary,
+};
 #[cfg(feature = "kv-events")]
 pub use wire::ZmqEventSink;
 pub use workload::{SUB_BLOCK_SEED, Workload, WorkloadRequest, sub_block_value};

@@ -13,7 +13,7 @@
 //!          [--audit-every N] [--json]
 //! kvbm-sim cluster --trace FILE --engines 16
 //!          --policies random,round-robin,least-loaded,kv-aware [engine flags as serve]
-//!          [--json] [--out DIR]
+//!          [--memory-limit-gb GB] [--json] [--out DIR]
 //! ```
 //!
 //! Reports go to stdout (that is this program's job; it writes through a
@@ -309,8 +309,22 @@ fn event_sink(
     }
     let block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
     let format = WireFormat::new(block_size).with_hash_form(HashForm::Int64);
-    let wait = Duration::from_millis(args.kv_events_wait_ms);
-    Ok(Some(kvbm_sim::ZmqEventSink::new(&config, format, wait)?))
+    let wanted = cli::check_subscribers(args.kv_events_subscribers)?;
+    let mut sink = kvbm_sim::ZmqEventSink::new(&config, format)?;
+    if args.kv_events_wait_ms > 0 && wanted > 0 {
+        let wait = Duration::from_millis(args.kv_events_wait_ms);
+        let joined = sink.wait_for_subscribers(wanted, wait)?;
+        if joined < wanted {
+            // Not an error (vLLM does not wait at all), but a consumer that
+            // joins late misses the first batches: say so where it shows.
+            eprintln!(
+                "warning: {joined} of {wanted} KV event subscribers joined within {} ms; \
+                 replaying anyway",
+                args.kv_events_wait_ms
+            );
+        }
+    }
+    Ok(Some(sink))
 }
 
 /// Gives the last batches a moment to reach the subscribers.
@@ -325,6 +339,7 @@ fn close_sink(_: NoSink) {}
 /// Without the `kv-events` feature, `--kv-events` is refused.
 #[cfg(not(feature = "kv-events"))]
 fn event_sink(args: &ServeArgs, _block_size: usize) -> Result<Option<NoSink>, Failure> {
+    cli::check_subscribers(args.kv_events_subscribers)?;
     match args.kv_events {
         Some(_) => Err(SimError::Events {
             reason: "--kv-events needs kvbm-sim built with the kv-events feature".to_owned(),

@@ -1,10 +1,11 @@
 //! [`Trace`]: Mooncake-format JSONL request traces, parsed and checked.
 //!
-//! One JSON object per line: `timestamp` (ms from the trace start),
-//! `input_length` and `output_length` (tokens) and `hash_ids` (one id per
-//! 512-token block of the prompt, the last block possibly partial; equal ids
-//! at equal positions are a reusable prefix). Unknown fields are ignored and
-//! blank lines skipped, so other Mooncake traces load as they are.
+//! One JSON object per line: `timestamp` (ms from the trace start, at most
+//! [`MAX_TIMESTAMP_MS`]), `input_length` and `output_length` (tokens) and
+//! `hash_ids` (one id per 512-token block of the prompt, the last block
+//! possibly partial; equal ids at equal positions are a reusable prefix).
+//! Unknown fields are ignored and blank lines skipped, so other Mooncake
+//! traces load as they are.
 
 use std::fmt;
 use std::path::Path;
@@ -17,6 +18,29 @@ use crate::{NoProgress, Progress, SimError};
 /// Tokens per `hash_ids` entry in a Mooncake trace.
 pub const TRACE_BLOCK_TOKENS: usize = 512;
 
+/// The latest `timestamp` a trace line may have, in milliseconds: about
+/// 292 years.
+///
+/// Simulated time counts `u64` nanoseconds (about 584 years). Arrivals may
+/// use the first half of that range, so that every replay has the second
+/// half, another 292 years, to finish what arrived last: a request at this
+/// timestamp is simulated exactly, and one millisecond later is refused
+/// ([`SimError::TimestampTooLarge`]). Unix-epoch milliseconds (about
+/// 1.8 × 10^12 today) are well within it.
+pub const MAX_TIMESTAMP_MS: u64 = (u64::MAX / 2) / NANOS_PER_MS;
+
+/// Nanoseconds (the simulated clock's unit) per trace millisecond.
+const NANOS_PER_MS: u64 = 1_000_000;
+
+/// `timestamp` (trace milliseconds) in simulated nanoseconds, `None` past
+/// [`MAX_TIMESTAMP_MS`].
+pub(crate) fn arrival_nanos(timestamp: u64) -> Option<u64> {
+    if timestamp > MAX_TIMESTAMP_MS {
+        return None;
+    }
+    timestamp.checked_mul(NANOS_PER_MS)
+}
+
 /// The embedded default: the first 500 requests of the Mooncake FAST'25
 /// conversation trace (Apache-2.0; see `fixtures/PROVENANCE.md`).
 pub const CONVERSATION_EXCERPT: &str = include_str!("../fixtures/conversation_excerpt.jsonl");
@@ -24,7 +48,8 @@ pub const CONVERSATION_EXCERPT: &str = include_str!("../fixtures/conversation_ex
 /// One request of a trace, exactly as a line of the file states it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRequest {
-    /// Arrival time in milliseconds from the start of the trace.
+    /// Arrival time in milliseconds from the start of the trace (at most
+    /// [`MAX_TIMESTAMP_MS`] in a checked [`Trace`]).
     pub timestamp: u64,
     /// Prompt length in tokens.
     pub input_length: u64,
@@ -44,9 +69,17 @@ impl TraceRequest {
     /// Checks that `hash_ids` cover `input_length` in 512-token blocks, the
     /// last one possibly partial (no ids for an empty prompt).
     ///
-    /// Also refuses an `output_length` beyond `u32::MAX`, the most tokens
-    /// a request can ask to generate (`max_new_tokens` is a `u32`).
+    /// Also refuses a `timestamp` past [`MAX_TIMESTAMP_MS`], which the
+    /// simulated clock could not follow, and an `output_length` beyond
+    /// `u32::MAX`, the most tokens a request can ask to generate
+    /// (`max_new_tokens` is a `u32`).
     fn check(&self, line: usize) -> Result<(), SimError> {
+        if arrival_nanos(self.timestamp).is_none() {
+            return Err(SimError::TimestampTooLarge {
+                line,
+                timestamp: self.timestamp,
+            });
+        }
         if u32::try_from(self.output_length).is_err() {
             return Err(SimError::OutputTooLong {
                 line,
@@ -87,8 +120,10 @@ impl Trace {
     ///
     /// [`SimError::EmptyTrace`] for no requests, or
     /// [`SimError::InconsistentRequest`] (with the request's 1-based index as
-    /// its line) when `hash_ids` do not cover `input_length`, or
-    /// [`SimError::OutputTooLong`] for an `output_length` beyond `u32::MAX`.
+    /// its line) when `hash_ids` do not cover `input_length`,
+    /// [`SimError::OutputTooLong`] for an `output_length` beyond `u32::MAX`,
+    /// or [`SimError::TimestampTooLarge`] for a `timestamp` past
+    /// [`MAX_TIMESTAMP_MS`].
     pub fn from_requests(requests: Vec<TraceRequest>) -> Result<Self, SimError> {
         if requests.is_empty() {
             return Err(SimError::EmptyTrace);
@@ -103,9 +138,9 @@ impl Trace {
     ///
     /// # Errors
     ///
-    /// [`SimError::MalformedLine`], [`SimError::InconsistentRequest`] or
-    /// [`SimError::OutputTooLong`] with the 1-based line number, or
-    /// [`SimError::EmptyTrace`].
+    /// [`SimError::MalformedLine`], [`SimError::InconsistentRequest`],
+    /// [`SimError::OutputTooLong`] or [`SimError::TimestampTooLarge`] with
+    /// the 1-based line number, or [`SimError::EmptyTrace`].
     pub fn from_jsonl(text: &str) -> Result<Self, SimError> {
         Self::parse(text, &mut NoProgress)
     }

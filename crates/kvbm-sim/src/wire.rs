@@ -92,29 +92,44 @@ fn hung_up() -> SimError {
 
 impl ZmqEventSink {
     /// Opens the sockets `config` names (binding or connecting as vLLM
-    /// decides: an endpoint with `*` binds) and waits up to `wait` for a
-    /// first subscriber, so a router that is connecting does not miss the
-    /// first batches (ZeroMQ drops messages for subscribers not yet joined).
+    /// decides: an endpoint with `*` binds). Call
+    /// [`wait_for_subscribers`](Self::wait_for_subscribers) next when
+    /// consumers are connecting: ZeroMQ drops messages for subscribers not
+    /// yet joined, so they would miss the first batches (and with them the
+    /// parents of later ones).
     ///
     /// # Errors
     ///
     /// [`SimError::Events`] if a socket cannot be opened.
-    pub fn new(
-        config: &PublisherConfig,
-        format: WireFormat,
-        wait: Duration,
-    ) -> Result<Self, SimError> {
+    pub fn new(config: &PublisherConfig, format: WireFormat) -> Result<Self, SimError> {
         let publisher = Publisher::new(config).map_err(failed)?;
-        let mut sink = Self {
+        Ok(Self {
             endpoint: publisher.endpoint().to_owned(),
             state: State::Ready(publisher, format),
             subscribers: 0,
             published: 0,
-        };
-        if !wait.is_zero() {
-            sink.wait_for_subscriber(wait)?;
+        })
+    }
+
+    /// Waits up to `timeout` until `count` subscriptions in all have
+    /// arrived (a router and a monitor: 2); the number seen. At once for a
+    /// count already reached (0, say), and only before the first batch:
+    /// afterwards it answers the number seen while waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Events`] if the socket fails.
+    pub fn wait_for_subscribers(
+        &mut self,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<usize, SimError> {
+        if let State::Ready(publisher, _) = &mut self.state
+            && count > self.subscribers
+        {
+            self.subscribers = (publisher.wait_for_subscribers(count, timeout)).map_err(failed)?;
         }
-        Ok(sink)
+        Ok(self.subscribers)
     }
 
     /// Waits up to `timeout` for a (further) subscriber; whether one came.
@@ -124,12 +139,11 @@ impl ZmqEventSink {
     ///
     /// [`SimError::Events`] if the socket fails.
     pub fn wait_for_subscriber(&mut self, timeout: Duration) -> Result<bool, SimError> {
-        let State::Ready(publisher, _) = &mut self.state else {
+        if !matches!(self.state, State::Ready(..)) {
             return Ok(false);
-        };
+        }
         let before = self.subscribers;
-        self.subscribers = (publisher.wait_for_subscribers(before + 1, timeout)).map_err(failed)?;
-        Ok(self.subscribers > before)
+        Ok(self.wait_for_subscribers(before.saturating_add(1), timeout)? > before)
     }
 
     /// The PUB endpoint, its port resolved.

@@ -20,6 +20,7 @@
 //! Request keys are the engines' chained block hashes of the prompt's full
 //! blocks (`kvbm_sequence`'s, unsalted), sent as 64-bit integers.
 
+mod memory;
 mod plot;
 mod report;
 #[cfg(test)]
@@ -113,6 +114,12 @@ pub struct ClusterConfig {
     /// than one per engine, nor more than 256). The replay is the same for
     /// any count.
     pub threads: Option<usize>,
+    /// The most memory a replay may need, in bytes, by
+    /// [`memory_estimate`](Self::memory_estimate): a larger cluster is
+    /// refused before anything is built (default
+    /// [`DEFAULT_MEMORY_BUDGET`](Self::DEFAULT_MEMORY_BUDGET); at most
+    /// [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET)).
+    pub memory_budget: u64,
 }
 
 impl Default for ClusterConfig {
@@ -124,11 +131,26 @@ impl Default for ClusterConfig {
             overlap_weight: 1.0,
             temperature: 0.0,
             threads: None,
+            memory_budget: Self::DEFAULT_MEMORY_BUDGET,
         }
     }
 }
 
 impl ClusterConfig {
+    /// The default [`memory_budget`](Self::memory_budget): 12 GB (12 × 10^9
+    /// bytes), half of the 24 GB CI machine, leaving the other half to the
+    /// system, the build and the tests that run beside a replay. The
+    /// estimate is an upper bound (2.86 GB for the README's 16-engine
+    /// replay of the full conversation trace, which holds at most 454 MB),
+    /// so the replays it lets through hold less; about 470 such engines fit
+    /// it on that trace.
+    pub const DEFAULT_MEMORY_BUDGET: u64 = 12_000_000_000;
+
+    /// The largest [`memory_budget`](Self::memory_budget) accepted: 10^15
+    /// bytes (a petabyte), more than any machine this runs on has; a
+    /// larger number is a typo, not a plan.
+    pub const MAX_MEMORY_BUDGET: u64 = 1_000_000_000_000_000;
+
     /// `engines` engines, each configured as `engine`; the other settings
     /// at their defaults.
     pub fn new(engines: usize, engine: ServeConfig) -> Self {
@@ -164,16 +186,60 @@ impl ClusterConfig {
         self
     }
 
-    /// Checks what can be checked before any engine is built: some engines,
-    /// a valid engine, and all pools together no larger than one pool may
-    /// be (so a typo in `--engines` is an error, not an exhausted machine).
+    /// Sets [`memory_budget`](Self::memory_budget), in bytes (checked by
+    /// [`validate`](Self::validate)).
+    pub fn with_memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    /// Sets [`memory_budget`](Self::memory_budget) in gigabytes (10^9
+    /// bytes), as `--memory-limit-gb` takes it; rounded down to whole bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::InvalidMemoryLimit`] unless `gigabytes` is a finite
+    /// number whose bytes are at least 1 and at most
+    /// [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET).
+    pub fn with_memory_limit_gb(self, gigabytes: f64) -> Result<Self, SimError> {
+        let bytes = gigabytes * 1e9;
+        // Checked as a float first, so the conversion below is exact
+        // (`MAX_MEMORY_BUDGET` is below 2^53).
+        if !(bytes.is_finite() && bytes >= 1.0 && bytes <= Self::MAX_MEMORY_BUDGET as f64) {
+            return Err(SimError::InvalidMemoryLimit { value: gigabytes });
+        }
+        Ok(self.with_memory_budget(bytes as u64))
+    }
+
+    /// An upper bound of the memory, in bytes, a replay of `trace` with
+    /// this configuration allocates: per engine its pool's tables, its
+    /// event subscription, fixed state and a record per trace request;
+    /// beside them the blocks the router and the running sequences hold,
+    /// every prompt, and the trace-wide results. The terms and the
+    /// measurements behind their constants are in `src/mode/cluster/memory.rs`.
+    ///
+    /// # Errors
+    ///
+    /// [`validate`](Self::validate)'s.
+    pub fn memory_estimate(&self, trace: &Trace) -> Result<u64, SimError> {
+        let capacity_blocks = self.capacity_blocks()?;
+        Ok(memory::estimate(self, capacity_blocks, trace))
+    }
+
+    /// Checks what can be checked without the trace: some engines, a valid
+    /// engine, all pools together no larger than one pool may be, and a
+    /// memory budget in range. ([`replay`] then checks the
+    /// [`memory_estimate`](Self::memory_estimate) for its trace against the
+    /// budget, so a typo in `--engines` is an error, not an exhausted
+    /// machine.)
     ///
     /// # Errors
     ///
     /// [`SimError::ZeroEngines`], [`SimError::InvalidRouting`] for a
     /// negative or non-finite overlap weight or temperature,
-    /// [`SimError::ClusterTooLarge`], and [`ServeConfig::validate`]'s and
-    /// the capacity's errors.
+    /// [`SimError::ClusterTooLarge`], [`SimError::InvalidMemoryLimit`] for a
+    /// budget of 0 or over [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET),
+    /// and [`ServeConfig::validate`]'s and the capacity's errors.
     pub fn validate(&self) -> Result<(), SimError> {
         self.capacity_blocks().map(drop)
     }
@@ -197,13 +263,21 @@ impl ClusterConfig {
             .capacity
             .resolve_bounded(self.engine.block_size)?;
         match self.engines.checked_mul(capacity_blocks) {
-            Some(total) if total <= MAX_BLOCKS => Ok(capacity_blocks),
-            _ => Err(SimError::ClusterTooLarge {
-                engines: self.engines,
-                capacity_blocks,
-                max: MAX_BLOCKS,
-            }),
+            Some(total) if total <= MAX_BLOCKS => {}
+            _ => {
+                return Err(SimError::ClusterTooLarge {
+                    engines: self.engines,
+                    capacity_blocks,
+                    max: MAX_BLOCKS,
+                });
+            }
         }
+        if !(1..=Self::MAX_MEMORY_BUDGET).contains(&self.memory_budget) {
+            return Err(SimError::InvalidMemoryLimit {
+                value: self.memory_budget as f64 / 1e9,
+            });
+        }
+        Ok(capacity_blocks)
     }
 
     fn policy(&self, kind: PolicyKind) -> Box<dyn Policy> {
@@ -225,11 +299,26 @@ impl ClusterConfig {
 ///
 /// # Errors
 ///
-/// [`SimError::ZeroEngines`] for no engines, [`SimError::ClusterTooLarge`]
-/// when all engines together would hold more blocks than one pool may; as
-/// serve mode's replay for an engine that cannot be built or stalls.
+/// [`ClusterConfig::validate`]'s errors ([`SimError::ZeroEngines`] for no
+/// engines, [`SimError::ClusterTooLarge`] when all engines together would
+/// hold more blocks than one pool may, among others);
+/// [`SimError::ClusterMemory`] when the
+/// [`memory_estimate`](ClusterConfig::memory_estimate) exceeds the
+/// [`memory_budget`](ClusterConfig::memory_budget), before anything is
+/// built; [`SimError::OutOfMemory`] if the machine refuses memory the
+/// estimate allowed; as serve mode's replay for an engine that cannot be
+/// built or stalls.
 pub fn replay(trace: &Trace, config: &ClusterConfig) -> Result<ClusterReport, SimError> {
     let capacity_blocks = config.capacity_blocks()?;
+    let estimate_bytes = memory::estimate(config, capacity_blocks, trace);
+    if estimate_bytes > config.memory_budget {
+        return Err(SimError::ClusterMemory {
+            engines: config.engines,
+            capacity_blocks,
+            estimate_bytes,
+            budget_bytes: config.memory_budget,
+        });
+    }
     let runs = (config.policies.iter())
         .map(|&policy| replay_policy(trace, config, capacity_blocks, policy))
         .collect::<Result<Vec<_>, _>>()?;
@@ -352,11 +441,11 @@ fn replay_policy(
     let format = WireFormat::new(u32::try_from(block_size).unwrap_or(u32::MAX))
         .with_hash_form(HashForm::Int64);
     let mut engines = Vec::new();
-    // Fallible: with tiny pools, the engines themselves may not fit.
-    (engines.try_reserve_exact(config.engines)).map_err(|_| SimError::ClusterTooLarge {
-        engines: config.engines,
-        capacity_blocks,
-        max: MAX_BLOCKS,
+    // Fallible, as everything allocated per engine here: a machine that
+    // cannot hold what the estimate allowed gives an error, not an abort.
+    (engines.try_reserve_exact(config.engines)).map_err(|_| SimError::OutOfMemory {
+        what: "the cluster's engines",
+        bytes: (config.engines as u64).saturating_mul(size_of::<Engine<'_>>() as u64),
     })?;
     for i in 0..config.engines {
         let manager = BlockManager::<Simulated>::builder()
@@ -371,7 +460,7 @@ fn replay_policy(
             ("policy", kind.name().to_owned()),
         ];
         scheduler.set_metric_labels(labels.clone().map(|(k, v)| (k.to_owned(), v)));
-        let mut sim = ServeSim::engine(trace, engine_config, scheduler, &labels);
+        let mut sim = ServeSim::engine(trace, engine_config, scheduler, &labels)?;
         sim.tap_events();
         let id = i as WorkerId;
         router.add_worker(id).map_err(|error| SimError::Events {
@@ -550,17 +639,23 @@ impl Threads {
         until: Option<u64>,
         wire: Wire<'_>,
     ) -> Result<(), SimError> {
-        let due = |engine: &&mut Engine<'_>| {
+        let due = |engine: &Engine<'_>| {
             !engine.sim.is_idle() && until.is_none_or(|at| engine.sim.now() < at)
         };
-        let mut due: Vec<&mut Engine<'_>> = engines.iter_mut().filter(due).collect();
+        // Counted, not collected: a list of the due engines would be an
+        // allocation in proportion to the engines at every arrival.
+        let several_due = engines.iter().filter(|engine| due(engine)).nth(1).is_some();
         match self {
             // One engine due (most gaps between arrivals): waking the pool
             // would cost more than it could share.
-            Self::Pool(pool) if due.len() > 1 => pool.install(|| {
-                (due.par_iter_mut()).try_for_each(|engine| engine.run_until(until, wire))
+            Self::Pool(pool) if several_due => pool.install(|| {
+                (engines.par_iter_mut())
+                    .filter(|engine| due(engine))
+                    .try_for_each(|engine| engine.run_until(until, wire))
             }),
-            _ => (due.iter_mut()).try_for_each(|engine| engine.run_until(until, wire)),
+            _ => (engines.iter_mut())
+                .filter(|engine| due(engine))
+                .try_for_each(|engine| engine.run_until(until, wire)),
         }
     }
 }

@@ -19,6 +19,12 @@
 //!    count as emitted at its end;
 //! 4. when nothing runs and nothing waits, time jumps to the next arrival.
 //!
+//! Time is counted exactly, in `u64` nanoseconds: arrivals (at most
+//! [`MAX_TIMESTAMP_MS`](crate::MAX_TIMESTAMP_MS), the first half of the
+//! range) convert without rounding, and a step that would end past the
+//! clock's range stops the replay with [`SimError::ClockOverflow`] rather
+//! than saturating.
+//!
 //! The replay ends when every request has left. The scheduler's census must
 //! then balance (every accepted request finished), and
 //! [`Scheduler::audit`] checks both conservation laws at the end and, with
@@ -78,6 +84,7 @@ pub use self::step_time::StepTime;
 pub(crate) use self::tokens::shared_prompt;
 pub use self::tokens::{prompt_tokens, trace_token};
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
+use crate::trace::arrival_nanos;
 use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Trace};
 
 /// Finished requests between two progress reports.
@@ -242,7 +249,9 @@ impl ServeConfig {
 /// [`SimError::CapacityTooLarge`] for a pool that cannot be built;
 /// [`SimError::Scheduler`] for a scheduler limit of zero, or if the
 /// scheduler refuses an operation or fails an audit (a bug);
-/// [`SimError::Stalled`] if it stops making progress (a bug).
+/// [`SimError::Stalled`] if it stops making progress (a bug);
+/// [`SimError::ClockOverflow`] if simulated time runs past what the clock
+/// counts (about 584 years).
 pub fn replay(
     trace: &Trace,
     config: &ServeConfig,
@@ -277,7 +286,7 @@ pub fn replay_with_events(
     let mut scheduler = Scheduler::new(manager, config.scheduler)?;
     scheduler.set_metrics_enabled(config.metrics);
     progress.start("serving", trace.len() as u64);
-    let mut sim = ServeSim::new(trace, config, scheduler);
+    let mut sim = ServeSim::new(trace, config, scheduler)?;
     if events.is_some() {
         sim.tap_events();
     }
@@ -290,6 +299,10 @@ pub fn replay_with_events(
 }
 
 /// One request's life, in nanoseconds of simulated time.
+///
+/// Every engine keeps one per trace request (cluster mode's engines too:
+/// any of them may be routed any request), so its size is a term of
+/// cluster mode's memory estimate ([`TRACK_BYTES`]).
 #[derive(Clone, Copy, Debug)]
 struct Track {
     arrival: u64,
@@ -306,6 +319,9 @@ struct Track {
     running: bool,
     outcome: ServeOutcome,
 }
+
+/// Bytes an engine keeps per trace request (its [`Track`]).
+pub(crate) const TRACK_BYTES: usize = size_of::<Track>();
 
 /// The replay loop's state: one engine (serve mode's whole replay, or one
 /// engine of cluster mode, whose arrivals come from the router).
@@ -360,16 +376,48 @@ struct Counters {
 }
 
 impl<'a> ServeSim<'a> {
-    fn new(trace: &'a Trace, config: &ServeConfig, scheduler: Scheduler<Simulated>) -> Self {
+    /// Serve mode's engine: the trace's requests arrive at their
+    /// timestamps.
+    fn new(
+        trace: &'a Trace,
+        config: &ServeConfig,
+        scheduler: Scheduler<Simulated>,
+    ) -> Result<Self, SimError> {
         let requests = trace.requests();
         let mut arrivals: Vec<usize> = (0..requests.len()).collect();
         // Stable: equal timestamps keep trace order.
         arrivals.sort_by_key(|&index| requests.get(index).map_or(0, |r| r.timestamp));
-        let tracks = requests
-            .iter()
-            .enumerate()
-            .map(|(index, request)| Track {
-                arrival: request.timestamp.saturating_mul(1_000_000),
+        Self::with_arrivals(trace, config, scheduler, arrivals)
+    }
+
+    /// An engine whose requests arrive in the order of `arrivals` (request
+    /// indices; empty when someone else submits them).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::OutOfMemory`] if the per-request state cannot be
+    /// allocated; [`SimError::TimestampTooLarge`] for a timestamp the clock
+    /// cannot hold (never, for a checked [`Trace`]).
+    fn with_arrivals(
+        trace: &'a Trace,
+        config: &ServeConfig,
+        scheduler: Scheduler<Simulated>,
+        arrivals: Vec<usize>,
+    ) -> Result<Self, SimError> {
+        let requests = trace.requests();
+        let mut tracks = Vec::new();
+        // Fallible: a cluster holds one of these per engine.
+        (tracks.try_reserve_exact(requests.len())).map_err(|_| SimError::OutOfMemory {
+            what: "an engine's per-request state",
+            bytes: (requests.len() as u64).saturating_mul(TRACK_BYTES as u64),
+        })?;
+        for (index, request) in requests.iter().enumerate() {
+            let arrival = arrival_nanos(request.timestamp).ok_or(SimError::TimestampTooLarge {
+                line: index + 1,
+                timestamp: request.timestamp,
+            })?;
+            tracks.push(Track {
+                arrival,
                 admitted: NEVER,
                 first_token: NEVER,
                 finished: NEVER,
@@ -385,9 +433,9 @@ impl<'a> ServeSim<'a> {
                 },
                 running: false,
                 outcome: ServeOutcome::Pending,
-            })
-            .collect();
-        Self {
+            });
+        }
+        Ok(Self {
             trace,
             eviction: config.eviction,
             step_time: config.step_time,
@@ -404,19 +452,22 @@ impl<'a> ServeSim<'a> {
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
             events: None,
-        }
+        })
     }
 
     /// An engine of a cluster: no arrivals of its own (the router submits),
     /// its time-to-first-token histogram recorded under `labels`.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_arrivals`](Self::with_arrivals).
     pub(crate) fn engine(
         trace: &'a Trace,
         config: &ServeConfig,
         scheduler: Scheduler<Simulated>,
         labels: &[(&'static str, String)],
-    ) -> Self {
-        let mut sim = Self::new(trace, config, scheduler);
-        sim.arrivals.clear();
+    ) -> Result<Self, SimError> {
+        let mut sim = Self::with_arrivals(trace, config, scheduler, Vec::new())?;
         sim.ttft = metrics::histogram!(
             kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN,
             labels
@@ -424,7 +475,7 @@ impl<'a> ServeSim<'a> {
                 .map(|(k, v)| metrics::Label::new(*k, v.clone()))
                 .collect::<Vec<_>>()
         );
-        sim
+        Ok(sim)
     }
 
     /// The engine's clock: when its next step starts (nanoseconds).
@@ -704,7 +755,13 @@ impl<'a> ServeSim<'a> {
         let elapsed = self
             .step_time
             .step_nanos(prefill_tokens.saturating_add(draft_tokens), decodes);
-        let end = start.saturating_add(elapsed);
+        // `NEVER` is no time: a step that would end there or later has run
+        // past the clock.
+        let end = (start.checked_add(elapsed))
+            .filter(|&end| end < NEVER)
+            .ok_or(SimError::ClockOverflow {
+                step: self.counters.scheduler_steps,
+            })?;
         let ran = !plan.is_empty();
         if ran {
             self.counters.steps += 1;

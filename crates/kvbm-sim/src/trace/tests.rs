@@ -217,3 +217,49 @@ fn a_line_may_carry_a_vllm_priority() {
     let json = serde_json::to_string(&trace.requests()[1]).unwrap();
     assert!(!json.contains("priority"), "{json}");
 }
+
+#[test]
+fn timestamps_past_the_clock_are_refused_naming_their_line() {
+    // The largest timestamp the clock follows, and one millisecond more.
+    assert_eq!(MAX_TIMESTAMP_MS, 9_223_372_036_854);
+    assert_eq!(
+        arrival_nanos(MAX_TIMESTAMP_MS),
+        Some(9_223_372_036_854_000_000)
+    );
+    assert_eq!(arrival_nanos(MAX_TIMESTAMP_MS + 1), None);
+    let text = format!(
+        "{}\n\n{}\n",
+        line(0, 10, &[1]),
+        line(MAX_TIMESTAMP_MS, 10, &[1])
+    );
+    let trace = Trace::from_jsonl(&text).unwrap();
+    assert_eq!(trace.summary().duration_ms, MAX_TIMESTAMP_MS);
+    for timestamp in [MAX_TIMESTAMP_MS + 1, u64::MAX] {
+        // Line 3: the blank line counts.
+        let text = format!("{}\n\n{}\n", line(0, 10, &[1]), line(timestamp, 10, &[1]));
+        let err = Trace::from_jsonl(&text).unwrap_err();
+        assert!(
+            matches!(err, SimError::TimestampTooLarge { line: 3, timestamp: t } if t == timestamp),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "trace line 3: timestamp {timestamp} ms exceeds the maximum of 9223372036854 ms \
+                 (about 292 years)"
+            )
+        );
+    }
+    // In-memory requests are checked the same way, by 1-based index.
+    let request = |timestamp| TraceRequest {
+        timestamp,
+        input_length: 10,
+        output_length: 1,
+        hash_ids: vec![1],
+        priority: None,
+    };
+    assert!(matches!(
+        Trace::from_requests(vec![request(0), request(u64::MAX)]),
+        Err(SimError::TimestampTooLarge { line: 2, .. })
+    ));
+}

@@ -1,6 +1,7 @@
 //! The `kvbm-sim` binary end to end: exit codes, stdout, stderr.
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::Scratch;
 
@@ -9,6 +10,39 @@ fn kvbm_sim(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run kvbm-sim")
+}
+
+/// Runs `kvbm-sim` with a watchdog: if it has not exited after `limit`, it
+/// is killed and the test fails (a refusal that regressed into an attempt
+/// to build the cluster must not hold the machine). On Unix its address
+/// space is also capped at 8 GB, so such an attempt fails at once.
+fn kvbm_sim_bounded(args: &[&str], limit: Duration) -> Output {
+    let mut command = if cfg!(unix) {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg("ulimit -v 8000000 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_kvbm-sim"));
+        shell
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_kvbm-sim"))
+    };
+    let mut child = command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kvbm-sim");
+    let started = Instant::now();
+    while child.try_wait().expect("poll kvbm-sim").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still running after {limit:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("kvbm-sim output")
 }
 
 fn stdout(output: &Output) -> String {
@@ -466,6 +500,271 @@ fn serve_errors_are_one_clear_line() {
         &["serve", "--reserve", "lots"],
         &["serve", "--limit", "0"],
         &["serve", "--eviction", "fifo"],
+    ] {
+        let output = kvbm_sim(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!stderr(&output).contains("panicked"));
+    }
+}
+
+#[test]
+fn clusters_larger_than_the_memory_budget_fail_fast_with_the_estimate() {
+    // `--engines 20000` (a typo for 20) and a million one-block engines on
+    // the embedded excerpt: refused before any engine is built, with the
+    // estimate, the budget and how to change it.
+    for (args, estimate) in [
+        (
+            &["cluster", "--engines", "20000"][..],
+            "20000 engines of 187500 blocks needs an estimated ",
+        ),
+        (
+            &["cluster", "--engines", "1000000", "--capacity-blocks", "1"],
+            "1000000 engines of 1 blocks needs an estimated ",
+        ),
+    ] {
+        let output = kvbm_sim_bounded(args, Duration::from_secs(120));
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let err = stderr(&output);
+        assert!(err.starts_with("error: a cluster of "), "{err}");
+        for expected in [
+            estimate,
+            " GB for this trace, over the memory budget of 12.00 GB",
+            "raise the budget with --memory-limit-gb",
+        ] {
+            assert!(err.contains(expected), "missing {expected:?} in {err}");
+        }
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(output.stdout.is_empty());
+    }
+    // The budget is the flag's: the default cluster under 1 MB.
+    fails_with(
+        &["cluster", "--memory-limit-gb", "0.001"],
+        "over the memory budget of 1.00 MB",
+    );
+    for value in ["0", "-1", "NaN", "inf", "1e300", "1e-10"] {
+        fails_with(
+            &["cluster", &format!("--memory-limit-gb={value}")],
+            "memory limit must be a finite number of gigabytes above 0 and at most 1000000, got ",
+        );
+    }
+    let output = kvbm_sim(&["cluster", "--memory-limit-gb", "lots"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+}
+
+#[test]
+fn the_readme_cluster_command_still_runs_under_the_default_budget() {
+    // README: `kvbm-sim cluster --engines 16 --out DIR`, the default
+    // cluster (16 engines of 3M tokens) on the embedded excerpt; one
+    // policy, to keep a debug build quick.
+    let scratch = Scratch::new("cli-cluster");
+    let out = scratch.0.join("results");
+    let output = kvbm_sim_bounded(
+        &[
+            "cluster",
+            "--engines",
+            "16",
+            "--out",
+            out.to_str().unwrap(),
+            "--policies",
+            "kv-aware",
+            "--json",
+        ],
+        Duration::from_secs(600),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(
+        (json["engines"].as_u64(), json["capacity_blocks"].as_u64()),
+        (Some(16), Some(187_500))
+    );
+    assert_eq!(json["runs"][0]["finished_requests"], 500);
+    assert!(out.join("cluster.json").is_file() && out.join("cluster.svg").is_file());
+}
+
+/// A trace of two requests, at 0 and at `timestamp` ms.
+fn two_requests(scratch: &Scratch, timestamp: u64) -> String {
+    let path = scratch.file(
+        "trace.jsonl",
+        &format!(
+            "{{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 4, \"hash_ids\": [1]}}\n\
+             {{\"timestamp\": {timestamp}, \"input_length\": 100, \"output_length\": 4, \"hash_ids\": [2]}}\n"
+        ),
+    );
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_timestamp_past_the_clock_is_refused_in_every_mode() {
+    // The issue's trace: two requests, at 0 and at u64::MAX ms.
+    let scratch = Scratch::new("cli-timestamp");
+    let absurd = two_requests(&scratch, u64::MAX);
+    let out = scratch.0.join("sweep");
+    for args in [
+        &["serve", "--trace", &absurd][..],
+        &["cluster", "--trace", &absurd],
+        &["cache", "--trace", &absurd],
+        &["sweep", "--trace", &absurd, "--out", out.to_str().unwrap()],
+    ] {
+        fails_with(
+            args,
+            "trace line 2: timestamp 18446744073709551615 ms exceeds the maximum of 9223372036854 ms",
+        );
+    }
+    let over = two_requests(&scratch, kvbm_sim::MAX_TIMESTAMP_MS + 1);
+    fails_with(
+        &["serve", "--trace", &over],
+        "trace line 2: timestamp 9223372036855 ms exceeds",
+    );
+}
+
+#[test]
+fn the_latest_timestamp_replays_exactly_in_every_mode() {
+    // One millisecond earlier than refused: every finished request has its
+    // samples, and times are exact (5 + 100 × 0.05 = 10 ms to each first
+    // token, three decodes of 5.1 ms after it).
+    let scratch = Scratch::new("cli-latest");
+    let latest = two_requests(&scratch, kvbm_sim::MAX_TIMESTAMP_MS);
+    for mode in ["serve", "cluster"] {
+        let output = kvbm_sim(&[mode, "--trace", &latest, "--json"]);
+        assert!(output.status.success(), "{mode}: {}", stderr(&output));
+        let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+        let runs = match mode {
+            "serve" => vec![json.clone()],
+            _ => json["runs"].as_array().unwrap().clone(),
+        };
+        assert!(!runs.is_empty());
+        for run in runs {
+            assert_eq!(run["finished_requests"], 2, "{mode}: {run}");
+            assert_eq!(run["ttft"]["count"], 2, "{mode}: {run}");
+            assert_eq!(
+                (
+                    run["ttft"]["p50_ms"].as_f64(),
+                    run["ttft"]["max_ms"].as_f64()
+                ),
+                (Some(10.0), Some(10.0))
+            );
+            assert_eq!(run["tpot"]["count"], 2);
+            assert_eq!(run["e2e"]["max_ms"].as_f64(), Some(25.3));
+            // From the first arrival to the last step's end: the whole span.
+            let duration = run["sim_duration_s"].as_f64().unwrap();
+            assert!((duration - 9_223_372_036.879_3).abs() < 1e-3, "{duration}");
+        }
+    }
+    for args in [
+        &["cache", "--trace", &latest, "--json"][..],
+        &[
+            "sweep",
+            "--trace",
+            &latest,
+            "--out",
+            scratch.0.join("sweep").to_str().unwrap(),
+            "--capacities",
+            "1",
+            "--json",
+        ],
+    ] {
+        let output = kvbm_sim(args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+    }
+}
+
+#[cfg(feature = "kv-events")]
+#[test]
+fn serve_waits_for_every_kv_events_subscriber() {
+    use kvbm_events::Subscriber;
+
+    // A router and a monitor connect before the replay starts (ZeroMQ
+    // retries until the publisher binds); `--kv-events-subscribers 2` waits
+    // for both, so both receive the first batch.
+    // An ipc endpoint: bound by the binary (vLLM binds ipc endpoints), on
+    // this host only, and no port another process could take meanwhile.
+    let endpoint = format!(
+        "ipc://{}/kvbm-sim-subscribers-{}.sock",
+        std::env::temp_dir().display(),
+        std::process::id()
+    );
+    let mut router = Subscriber::new(&endpoint, None, "", None).unwrap();
+    let mut monitor = Subscriber::new(&endpoint, None, "", None).unwrap();
+    let bound = endpoint.clone();
+    let child = std::thread::spawn(move || {
+        kvbm_sim_bounded(
+            &[
+                "serve",
+                "--limit",
+                "20",
+                "--kv-events",
+                &bound,
+                "--kv-events-wait-ms",
+                "20000",
+                "--kv-events-subscribers",
+                "2",
+                "--json",
+            ],
+            Duration::from_secs(120),
+        )
+    });
+    for (name, subscriber) in [("router", &mut router), ("monitor", &mut monitor)] {
+        let received = subscriber
+            .recv(Duration::from_secs(60))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name} received nothing"));
+        let first = received.into_iter().next().map(|(seq, _)| seq);
+        assert_eq!(first, Some(0), "{name} missed the first batch");
+    }
+    let output = child.join().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    // Both joined in time: no warning that one did not.
+    assert!(output.stderr.is_empty(), "{}", stderr(&output));
+}
+
+#[test]
+fn kv_events_subscriber_counts_are_checked() {
+    fails_with(
+        &[
+            "serve",
+            "--kv-events",
+            "tcp://127.0.0.1:1",
+            "--kv-events-wait-ms",
+            "1",
+            "--kv-events-subscribers",
+            "1025",
+        ],
+        "--kv-events-subscribers 1025: cannot wait for more than 1024 KV event subscribers",
+    );
+    for args in [
+        // A count without a time to wait is a mistake, not a wait.
+        &[
+            "serve",
+            "--kv-events",
+            "tcp://127.0.0.1:1",
+            "--kv-events-subscribers",
+            "2",
+        ][..],
+        &[
+            "serve",
+            "--kv-events-subscribers",
+            "2",
+            "--kv-events-wait-ms",
+            "10",
+        ],
+        &[
+            "serve",
+            "--kv-events",
+            "tcp://127.0.0.1:1",
+            "--kv-events-wait-ms",
+            "1",
+            "--kv-events-subscribers=-1",
+        ],
     ] {
         let output = kvbm_sim(args);
         assert_eq!(

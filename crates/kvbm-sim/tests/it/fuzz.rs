@@ -2,7 +2,7 @@
 //! timestamps and output lengths, prompts of 0 to 4 trace blocks) with
 //! malformed and absurd lines (missing or extra-typed fields, negative
 //! numbers, floats, strings, garbage, inconsistent `hash_ids`, outputs past
-//! `u32::MAX`), and blank lines.
+//! `u32::MAX`, timestamps past the clock), and blank lines.
 //!
 //! Properties: parsing never panics; a trace with a bad line is refused with
 //! a typed error naming exactly the first bad line; a good one summarizes
@@ -10,7 +10,9 @@
 //! size, valid or not) and serve mode (small pools, audited every step) to
 //! balanced accounting. `cargo xtask fuzz` runs it long.
 
-use kvbm_sim::{CacheConfig, Capacity, Eviction, ServeConfig, SimError, Trace, Workload};
+use kvbm_sim::{
+    CacheConfig, Capacity, Eviction, ServeConfig, ServeOutcome, SimError, Trace, Workload,
+};
 use proptest::prelude::*;
 
 /// Cases per fuzz test: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N`
@@ -30,7 +32,7 @@ struct Line {
 }
 
 fn valid_line() -> impl Strategy<Value = Line> {
-    let timestamp = prop_oneof![4 => 0u64..5_000, 1 => Just(u64::MAX)];
+    let timestamp = prop_oneof![4 => 0u64..5_000, 1 => Just(kvbm_sim::MAX_TIMESTAMP_MS)];
     let output = prop_oneof![6 => 0u64..6, 1 => Just(u64::from(u32::MAX))];
     (timestamp, 0usize..5, 1u64..=512, output, 0u64..6).prop_map(
         |(timestamp, blocks, last, output, id_base)| {
@@ -57,6 +59,8 @@ fn bad_line() -> impl Strategy<Value = Line> {
         Just(r#"{"timestamp": 0.5, "input_length": 10, "output_length": 1, "hash_ids": [1]}"#.to_owned()),
         Just(r#"{"timestamp": "0", "input_length": 10, "output_length": 1, "hash_ids": [1]}"#.to_owned()),
         Just(r#"{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}"#.to_owned()),
+        Just(r#"{"timestamp": 9223372036855, "input_length": 10, "output_length": 1, "hash_ids": [1]}"#.to_owned()),
+        Just(r#"{"timestamp": 18446744073709551615, "input_length": 10, "output_length": 1, "hash_ids": [1]}"#.to_owned()),
         Just(r#"{"timestamp": 0, "input_length": 10, "output_length": 18446744073709551616, "hash_ids": [1]}"#.to_owned()),
         Just(r#"{"timestamp": 0, "input_length": 10, "output_length": 4294967296, "hash_ids": [1]}"#.to_owned()),
         Just(r#"{"timestamp": 0, "input_length": 10, "output_length": 18446744073709551615, "hash_ids": [1]}"#.to_owned()),
@@ -93,7 +97,8 @@ fn error_line(error: &SimError) -> Option<usize> {
     match error {
         SimError::MalformedLine { line, .. }
         | SimError::InconsistentRequest { line, .. }
-        | SimError::OutputTooLong { line, .. } => Some(*line),
+        | SimError::OutputTooLong { line, .. }
+        | SimError::TimestampTooLarge { line, .. } => Some(*line),
         _ => None,
     }
 }
@@ -154,6 +159,13 @@ proptest! {
             prop_assert!(report.census.is_balanced());
             prop_assert_eq!(report.requests.len(), small.len());
             prop_assert!(report.hits.hit_tokens <= report.hits.input_tokens);
+            // However late it arrived, a finished request that emitted a
+            // token has its time to first token.
+            prop_assert!(report
+                .requests
+                .iter()
+                .filter(|r| r.outcome == ServeOutcome::Finished && r.output_tokens >= 1)
+                .all(|r| r.ttft().is_some() && r.first_token >= Some(r.arrival)));
         }
     }
 }

@@ -109,7 +109,7 @@ fn serve_publishes_the_same_stream_on_vllms_wire() {
     let publisher = PublisherConfig::new("tcp://127.0.0.1:*");
     let format = WireFormat::new(16).with_hash_form(HashForm::Int64);
     // Open first (no wait), then subscribe, then wait for the subscription.
-    let mut sink = ZmqEventSink::new(&publisher, format.clone(), Duration::ZERO).unwrap();
+    let mut sink = ZmqEventSink::new(&publisher, format.clone()).unwrap();
     let mut subscriber = Subscriber::new(sink.endpoint(), None, "", Some(0)).unwrap();
     sink.wait_for_subscriber(Duration::from_secs(10)).unwrap();
     let report = replay_with_events(&trace, &config(), &mut NoProgress, Some(&mut sink)).unwrap();
@@ -142,4 +142,43 @@ fn serve_publishes_the_same_stream_on_vllms_wire() {
         (stored, removed),
         (counts.stored_blocks, counts.removed_blocks)
     );
+}
+
+/// A router beside a monitor: two SUB sockets of one topic are two
+/// subscribers to wait for, and once both are counted neither misses the
+/// first batch (whose stores are the parents of everything after).
+#[cfg(feature = "kv-events")]
+#[test]
+fn two_subscribers_of_one_topic_both_get_the_first_batch() {
+    use std::num::NonZeroUsize;
+    use std::time::Duration;
+
+    use kvbm_events::{HashForm, PublisherConfig, Subscriber, WireFormat};
+    use kvbm_sim::ZmqEventSink;
+
+    let mut trace = Trace::conversation_excerpt().unwrap();
+    trace.truncate(NonZeroUsize::new(20).unwrap());
+    let publisher = PublisherConfig::new("tcp://127.0.0.1:*");
+    let format = WireFormat::new(16).with_hash_form(HashForm::Int64);
+    let mut sink = ZmqEventSink::new(&publisher, format).unwrap();
+    // No replay socket and no `from`: a subscriber that joined late would
+    // simply start at a later sequence number.
+    let mut router = Subscriber::new(sink.endpoint(), None, "", None).unwrap();
+    let mut monitor = Subscriber::new(sink.endpoint(), None, "", None).unwrap();
+    let joined = sink
+        .wait_for_subscribers(2, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(joined, 2, "both subscriptions counted");
+    // Already reached: returns at once.
+    assert_eq!(sink.wait_for_subscribers(1, Duration::ZERO).unwrap(), 2);
+    let report = replay_with_events(&trace, &config(), &mut NoProgress, Some(&mut sink)).unwrap();
+    assert!(report.kv_events.unwrap().batches > 0);
+    for (name, subscriber) in [("router", &mut router), ("monitor", &mut monitor)] {
+        let received = subscriber
+            .recv(Duration::from_secs(10))
+            .unwrap()
+            .expect("a batch");
+        let first = received.into_iter().next().map(|(seq, _)| seq);
+        assert_eq!(first, Some(0), "{name} missed the first batch");
+    }
 }

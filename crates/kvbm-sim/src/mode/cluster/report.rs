@@ -179,29 +179,58 @@ impl fmt::Display for ClusterReport {
 
 /// Merges the engines of one policy's replay: each request as the engine
 /// it was `assigned` to saw it.
+///
+/// Engine by engine: each one's report is taken apart as soon as it is
+/// made, so the merge holds one engine's timelines at a time, not every
+/// engine's record of every request.
 pub(super) fn merge<'a>(
     trace: &Trace,
     policy: PolicyKind,
-    engines: impl Iterator<Item = ServeSim<'a>>,
+    engines: impl ExactSizeIterator<Item = ServeSim<'a>>,
     assigned: &[usize],
     capacity_blocks: usize,
     started: Instant,
 ) -> Result<ClusterRun, SimError> {
-    let reports = engines
-        .map(|engine| engine.report(capacity_blocks))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut routed = vec![0u64; reports.len()];
-    let mut requests = Vec::with_capacity(trace.len());
-    for (index, &engine) in assigned.iter().enumerate() {
-        let Some(report) = reports.get(engine) else {
-            continue;
-        };
-        routed[engine] += 1;
-        if let Some(&timeline) = report.requests.get(index) {
-            requests.push(timeline);
+    let count = engines.len();
+    let out_of_memory = |what, bytes: usize| SimError::OutOfMemory {
+        what,
+        bytes: bytes as u64,
+    };
+    let mut routed: Vec<u64> = Vec::new();
+    let mut busy: Vec<Duration> = Vec::new();
+    (routed.try_reserve_exact(count))
+        .map_err(|_| out_of_memory("the engines' request counts", count * size_of::<u64>()))?;
+    (busy.try_reserve_exact(count))
+        .map_err(|_| out_of_memory("the engines' busy times", count * size_of::<Duration>()))?;
+    routed.resize(count, 0);
+    let mut slots: Vec<Option<RequestTimeline>> = vec![None; trace.len()];
+    let mut block_size = None;
+    let (mut rejected_requests, mut preemptions, mut evictions) = (0u64, 0u64, 0u64);
+    let (mut steps, mut scheduled_requests) = (0u64, 0u64);
+    let mut last_step = Duration::ZERO;
+    for (engine, sim) in engines.enumerate() {
+        let report = sim.report(capacity_blocks)?;
+        block_size.get_or_insert(report.block_size);
+        rejected_requests = rejected_requests.saturating_add(report.rejected_requests);
+        preemptions = preemptions.saturating_add(report.preemptions);
+        evictions = evictions.saturating_add(report.evictions);
+        steps = steps.saturating_add(report.steps);
+        scheduled_requests = scheduled_requests.saturating_add(report.scheduled_requests);
+        busy.push(report.busy_time);
+        last_step = last_step.max(report.sim_duration);
+        for ((slot, &to), timeline) in slots.iter_mut().zip(assigned).zip(report.requests) {
+            if to == engine {
+                *slot = Some(timeline);
+            }
         }
     }
-    let block_size = reports.first().map_or(1, |report| report.block_size);
+    for &engine in assigned {
+        if let Some(routed) = routed.get_mut(engine) {
+            *routed = routed.saturating_add(1);
+        }
+    }
+    let requests: Vec<RequestTimeline> = slots.into_iter().flatten().collect();
+    let block_size = block_size.unwrap_or(1);
     let mut hits = HitStats::default();
     for request in requests.iter().filter(|r| r.outcome.was_accepted()) {
         hits.record_tokens(
@@ -213,26 +242,21 @@ pub(super) fn merge<'a>(
     }
     let count = |outcome: ServeOutcome| requests.iter().filter(|r| r.outcome == outcome).count();
     let first_arrival = requests.iter().map(|r| r.arrival).min().unwrap_or_default();
-    let last_step = reports
-        .iter()
-        .map(|r| r.sim_duration)
-        .max()
-        .unwrap_or_default();
     let (ttft, tpot, e2e) = latencies(&requests);
     Ok(ClusterRun {
         policy,
         hits,
-        rejected_requests: reports.iter().map(|r| r.rejected_requests).sum(),
+        rejected_requests,
         finished_requests: count(ServeOutcome::Finished) as u64,
         ttft,
         tpot,
         e2e,
-        preemptions: reports.iter().map(|r| r.preemptions).sum(),
-        evictions: reports.iter().map(|r| r.evictions).sum(),
-        steps: reports.iter().map(|r| r.steps).sum(),
-        scheduled_requests: reports.iter().map(|r| r.scheduled_requests).sum(),
+        preemptions,
+        evictions,
+        steps,
+        scheduled_requests,
         routed,
-        busy: reports.iter().map(|r| r.busy_time).collect(),
+        busy,
         // Engines' clocks start at the trace's origin, not its first arrival.
         sim_duration: last_step.saturating_sub(first_arrival),
         replay_time: started.elapsed(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::{Capacity, TraceRequest};
+use crate::{Capacity, RequestTimeline, TraceRequest};
 
 fn excerpt(requests: usize) -> Trace {
     let mut trace = Trace::conversation_excerpt().unwrap();
@@ -243,4 +243,147 @@ fn the_table_counts_every_request_and_the_refused_ones() {
     assert_eq!(cells[0], "round-robin", "{row}");
     assert_eq!(cells[12], run.finished_requests.to_string(), "{row}");
     assert_eq!(cells[13], run.rejected_requests.to_string(), "{row}");
+}
+
+#[test]
+fn the_latest_timestamp_routes_and_replays_exactly() {
+    // Serve mode's boundary trace through a cluster: both requests finish
+    // with the same samples they have in serve mode.
+    let trace = Trace::from_requests(
+        [(0, 1), (crate::MAX_TIMESTAMP_MS, 2)]
+            .map(|(timestamp, id)| TraceRequest {
+                timestamp,
+                input_length: 100,
+                output_length: 4,
+                hash_ids: vec![id],
+                priority: None,
+            })
+            .to_vec(),
+    )
+    .unwrap();
+    let serve = engine().run(&trace).unwrap();
+    assert_eq!(serve.ttft.count, 2);
+    let report = replay(&trace, &ClusterConfig::new(2, engine())).unwrap();
+    let times = |r: &RequestTimeline| (r.arrival, r.first_token, r.finished, r.outcome);
+    for run in &report.runs {
+        // (Admission ranks count per engine.)
+        assert!(
+            run.requests
+                .iter()
+                .map(times)
+                .eq(serve.requests.iter().map(times)),
+            "{}",
+            run.policy.name()
+        );
+        assert_eq!(
+            (run.ttft, run.tpot, run.e2e),
+            (serve.ttft, serve.tpot, serve.e2e)
+        );
+        assert_eq!(run.finished_requests, 2);
+        assert_eq!(run.sim_duration, serve.sim_duration);
+    }
+}
+
+/// A trace shaped like the full conversation trace (12,031 requests,
+/// 144.8M prompt tokens, 24 trace blocks each on average): what the
+/// README's 16-engine replay works on.
+fn conversation_sized() -> Trace {
+    let requests = (0..12_031u64)
+        .map(|i| TraceRequest {
+            timestamp: i * 300,
+            input_length: 12_035,
+            output_length: 343,
+            hash_ids: (0..24).map(|b| i * 24 + b).collect(),
+            priority: None,
+        })
+        .collect();
+    Trace::from_requests(requests).unwrap()
+}
+
+#[test]
+fn the_memory_estimate_admits_the_documented_clusters_and_refuses_typos() {
+    let budget = ClusterConfig::DEFAULT_MEMORY_BUDGET;
+    let excerpt = Trace::conversation_excerpt().unwrap();
+    // The default cluster on the excerpt, and the README's 16 engines on
+    // the full trace (measured: 241 MB and 421 MB at most), fit with room.
+    let default = ClusterConfig::default();
+    let estimate = default.memory_estimate(&excerpt).unwrap();
+    assert!(
+        estimate > 241_000_000 && estimate < budget / 10,
+        "{estimate}"
+    );
+    let full = default.memory_estimate(&conversation_sized()).unwrap();
+    assert!(full > 421_000_000 && full < budget / 4, "{full}");
+    // Engines cost in proportion: twice the engines, about twice the bytes.
+    let double = ClusterConfig::new(32, ServeConfig::default());
+    let doubled = double.memory_estimate(&excerpt).unwrap();
+    assert!(
+        doubled > estimate * 7 / 5 && doubled < estimate * 2,
+        "{doubled}"
+    );
+    // `--engines 20000` (for 20) and a million one-block engines: refused
+    // before anything is built, naming the estimate and the budget.
+    let typo = ClusterConfig::new(20_000, ServeConfig::default());
+    let tiny = ClusterConfig::new(1_000_000, ServeConfig::new(16, Capacity::Blocks(1)));
+    for config in [typo, tiny] {
+        let estimate = config.memory_estimate(&excerpt).unwrap();
+        assert!(estimate > budget, "{estimate}");
+        match replay(&excerpt, &config) {
+            Err(SimError::ClusterMemory {
+                engines,
+                estimate_bytes,
+                budget_bytes,
+                ..
+            }) => {
+                assert_eq!(engines, config.engines);
+                assert_eq!((estimate_bytes, budget_bytes), (estimate, budget));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A budget above the estimate lets the check through (not run here:
+        // the machine could not hold it); the estimate never overflows.
+        assert!(
+            config
+                .clone()
+                .with_memory_budget(estimate)
+                .validate()
+                .is_ok()
+        );
+    }
+    // Past what validation lets through, the estimate saturates.
+    let most = ClusterConfig::new(usize::MAX, ServeConfig::default());
+    assert_eq!(memory::estimate(&most, usize::MAX, &excerpt), u64::MAX);
+    // A small cluster under a budget below its estimate is refused too.
+    let small = ClusterConfig::new(2, engine()).with_memory_budget(1_000);
+    assert!(matches!(
+        replay(&excerpt, &small),
+        Err(SimError::ClusterMemory {
+            budget_bytes: 1_000,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn memory_limits_are_validated() {
+    for gigabytes in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-10, 2e6, 1e300] {
+        assert!(
+            matches!(
+                ClusterConfig::default().with_memory_limit_gb(gigabytes),
+                Err(SimError::InvalidMemoryLimit { value }) if value.to_bits() == gigabytes.to_bits()
+            ),
+            "{gigabytes}"
+        );
+    }
+    let config = ClusterConfig::default().with_memory_limit_gb(1.5).unwrap();
+    assert_eq!(config.memory_budget, 1_500_000_000);
+    let most = ClusterConfig::default().with_memory_limit_gb(1e6).unwrap();
+    assert_eq!(most.memory_budget, ClusterConfig::MAX_MEMORY_BUDGET);
+    for bytes in [0, ClusterConfig::MAX_MEMORY_BUDGET + 1] {
+        let config = ClusterConfig::default().with_memory_budget(bytes);
+        assert!(matches!(
+            config.validate(),
+            Err(SimError::InvalidMemoryLimit { .. })
+        ));
+    }
 }

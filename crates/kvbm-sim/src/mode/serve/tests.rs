@@ -391,3 +391,67 @@ fn replays_are_deterministic() {
     assert_eq!(first, second);
     assert!(first.preemptions > 0, "the small pool should preempt");
 }
+
+#[test]
+fn the_latest_timestamp_is_simulated_exactly() {
+    // The trace at its boundary: one request at 0, one at the
+    // latest timestamp the clock takes (u64::MAX is refused by the trace).
+    let latest = crate::MAX_TIMESTAMP_MS;
+    let trace = trace(vec![
+        request(0, &[1], 100, 4),
+        request(latest, &[2], 100, 4),
+    ]);
+    let report = run(&trace, &config());
+    let at = Duration::from_millis(latest);
+    // Each runs alone, as in `one_request_ttft_and_tpot_by_hand`: 10 ms to
+    // its first token, 25.3 ms to its last.
+    for timeline in &report.requests {
+        assert_eq!(timeline.outcome, ServeOutcome::Finished);
+        assert_eq!(timeline.ttft(), Some(ms(10.0)));
+        assert_eq!(timeline.tpot(), Some(ms(5.1)));
+        assert_eq!(timeline.e2e(), Some(ms(25.3)));
+    }
+    let last = report.requests[1];
+    assert_eq!(last.arrival, at);
+    assert_eq!(last.first_token, Some(at + ms(10.0)));
+    assert_eq!(last.finished, Some(at + ms(25.3)));
+    // Every finished request has its samples.
+    assert_eq!(
+        (report.ttft.count, report.tpot.count, report.e2e.count),
+        (2, 2, 2)
+    );
+    assert_eq!((report.ttft.p50, report.ttft.max), (ms(10.0), ms(10.0)));
+    assert_eq!(report.sim_duration, at + ms(25.3));
+    assert_eq!(report.busy_time, ms(50.6));
+}
+
+#[test]
+fn a_step_past_the_clock_is_an_error_not_a_saturated_time() {
+    // The latest arrival leaves half the clock's range (about 292 years)
+    // for the replay: a step that long still ends on the clock...
+    let latest = crate::MAX_TIMESTAMP_MS;
+    let trace = trace(vec![request(latest, &[1], 100, 1)]);
+    let half = Duration::from_nanos(u64::MAX / 2);
+    let with_step = |per_step| {
+        config().with_step_time(StepTime {
+            per_step,
+            per_prefill_token: Duration::ZERO,
+            per_decode_request: Duration::ZERO,
+        })
+    };
+    let report = run(&trace, &with_step(half));
+    assert_eq!(report.requests[0].ttft(), Some(half));
+    assert_eq!(report.ttft.count, 1);
+    // ... and one 2 ms longer does not: an error, not a saturated clock.
+    let err = with_step(half + ms(2.0)).run(&trace).unwrap_err();
+    assert!(
+        matches!(err, SimError::ClockOverflow { step: 1 }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().starts_with(
+            "simulated time passed the clock's limit of about 584 years at scheduler step 1"
+        ),
+        "{err}"
+    );
+}
