@@ -9,7 +9,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use kvbm_queue::{Aging, GenerationReserve, Preemption, SchedulerConfig};
 use kvbm_sim::{
-    Capacity, ClusterConfig, Eviction, PolicyKind, PriorityMix, ServeConfig, SimError, StepTime,
+    Capacity, ClusterConfig, Eviction, Link, PolicyKind, PriorityMix, ServeConfig, SimError,
+    StepTime, TierSetup,
 };
 
 /// Replays Mooncake-format request traces through kvbm's block manager.
@@ -84,9 +85,32 @@ pub(crate) struct CacheArgs {
     /// Which cached block to evict first.
     #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
     pub(crate) eviction: Eviction,
+    /// A host tier of N tokens below the cache [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) host_tier_tokens: Option<u64>,
+    /// A disk tier of N tokens (below the host tier, if any) [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) disk_tier_tokens: Option<u64>,
+    /// What a lower tier takes from the one above: write-through,
+    /// write-back, or selective:K.
+    #[arg(long, value_name = "POLICY", default_value = "write-through")]
+    pub(crate) offload: kvbm_sim::Offload,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+impl CacheArgs {
+    pub(crate) fn tiers(&self) -> kvbm_sim::CacheTiers {
+        let mut tiers = kvbm_sim::CacheTiers::default().with_offload(self.offload);
+        if let Some(tokens) = self.host_tier_tokens {
+            tiers = tiers.with_host_tokens(tokens);
+        }
+        if let Some(tokens) = self.disk_tier_tokens {
+            tiers = tiers.with_disk_tokens(tokens);
+        }
+        tiers
+    }
 }
 
 #[derive(Debug, Args)]
@@ -209,6 +233,56 @@ pub(crate) struct EngineArgs {
     /// Check the scheduler's conservation laws every N steps (0: only at the end).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) audit_every: u64,
+    #[command(flatten)]
+    pub(crate) tiers: TierArgs,
+}
+
+/// Tiers below the GPU and their links (all off by default).
+#[derive(Debug, Args)]
+pub(crate) struct TierArgs {
+    /// A host-memory tier of N tokens below the GPU [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) host_tier_tokens: Option<u64>,
+    /// A disk tier of N tokens (below the host tier, if any) [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) disk_tier_tokens: Option<u64>,
+    /// What a lower tier takes from the one above it: write-through,
+    /// write-back, or selective:K (blocks hit K times).
+    #[arg(long, value_name = "POLICY", default_value = "write-through")]
+    pub(crate) offload: kvbm_sim::Offload,
+    /// KV bytes per token [default: 131072, an 8B model].
+    #[arg(long, value_name = "B", default_value_t = TierSetup::default().kv_bytes_per_token)]
+    pub(crate) kv_bytes_per_token: u64,
+    /// The host tier's link in Gbit/s per direction [default: PCIe 5.0 x16].
+    #[arg(long, value_name = "GBPS", default_value_t = Link::PCIE5_X16.gbps)]
+    pub(crate) host_link_gbps: f64,
+    /// Setup time of each host-link transfer, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = Link::PCIE5_X16.setup_us)]
+    pub(crate) host_link_setup_us: f64,
+    /// The disk tier's link in Gbit/s per direction [default: one NVMe drive].
+    #[arg(long, value_name = "GBPS", default_value_t = Link::NVME_GEN4.gbps)]
+    pub(crate) disk_link_gbps: f64,
+    /// Setup time of each disk-link transfer, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = Link::NVME_GEN4.setup_us)]
+    pub(crate) disk_link_setup_us: f64,
+}
+
+impl TierArgs {
+    pub(crate) fn setup(&self) -> TierSetup {
+        let mut setup = TierSetup::default().with_offload(self.offload);
+        setup.host_tokens = self.host_tier_tokens;
+        setup.disk_tokens = self.disk_tier_tokens;
+        setup.kv_bytes_per_token = self.kv_bytes_per_token;
+        setup.host_link = Link {
+            gbps: self.host_link_gbps,
+            setup_us: self.host_link_setup_us,
+        };
+        setup.disk_link = Link {
+            gbps: self.disk_link_gbps,
+            setup_us: self.disk_link_setup_us,
+        };
+        setup
+    }
 }
 
 #[derive(Debug, Args)]
@@ -354,7 +428,9 @@ impl EngineArgs {
             .with_step_time(step_time)
             .with_audit_every(self.audit_every)
             .with_spec_accept(self.spec_accept)
-            .with_seed(self.seed);
+            .with_seed(self.seed)
+            .with_tiers(self.tiers.setup());
+        config.validate()?;
         match &self.priorities {
             Some(mix) => Ok(config.with_priorities(PriorityMix::parse(mix)?)),
             None => Ok(config),

@@ -117,6 +117,10 @@ pub enum SimError {
         /// The value given, in milliseconds.
         value: f64,
     },
+    /// Lower tiers that cannot be simulated (a size under one block or
+    /// past a pool, 0 bytes per token, a link of no or absurd bandwidth).
+    #[error("tiers: {0}")]
+    InvalidTiers(String),
     /// A speculative-decoding acceptance probability outside `0..=1`.
     #[error("draft acceptance probability must be between 0 and 1, got {value}")]
     InvalidAcceptance {

@@ -129,6 +129,7 @@ mod plot;
 mod progress;
 mod stats;
 mod sweep;
+mod tiers;
 mod trace;
 #[cfg(feature = "kv-events")]
 mod wire;
@@ -138,7 +139,10 @@ pub use capacity::Capacity;
 pub use error::SimError;
 pub use events::{EventSink, KvEventCounts};
 pub use eviction::Eviction;
-pub use mode::cache::{CacheConfig, CacheOccupancy, CacheReport, CacheSim, RequestOutcome};
+pub use mode::cache::{
+    CacheConfig, CacheOccupancy, CacheReport, CacheSim, CacheTierFigures, CacheTiers,
+    RequestOutcome, TierHits,
+};
 pub use mode::cluster::{ClusterConfig, ClusterReport, ClusterRun, PolicyKind};
 pub use mode::serve::{
     AdmissionStats, Latency, PriorityMix, RequestTimeline, ServeConfig, ServeOutcome, ServeReport,
@@ -147,6 +151,7 @@ pub use mode::serve::{
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;
 pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};
+pub use tiers::{Link, Offload, STORE_WINDOW_MS, TierSetup};
 pub use trace::{
     CONVERSATION_EXCERPT, MAX_TIMESTAMP_MS, TRACE_BLOCK_TOKENS, Trace, TraceRequest, TraceSummary,
 };

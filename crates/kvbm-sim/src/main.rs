@@ -112,6 +112,9 @@ fn run_default(out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> 
             unbounded: true,
         },
         eviction: Eviction::Lru,
+        host_tier_tokens: None,
+        disk_tier_tokens: None,
+        offload: kvbm_sim::Offload::WriteThrough,
         json: false,
     };
     run_cache(&args, out, progress)?;
@@ -129,7 +132,7 @@ fn run_cache(args: &CacheArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     let started = Instant::now();
     let workload = Workload::new(&loaded.trace, args.trace.block_size)?;
     let split_time = started.elapsed();
-    let config = CacheConfig::new(args.capacity.capacity(), args.eviction);
+    let config = CacheConfig::new(args.capacity.capacity(), args.eviction).with_tiers(args.tiers());
     let report = kvbm_sim::mode::cache::replay(&workload, &config, progress)?;
     if args.json {
         let mut json = report.to_json();

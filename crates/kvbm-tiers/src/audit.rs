@@ -40,14 +40,21 @@ impl<D> Tiers<D> {
         let mut incoming: Vec<HashSet<u128>> = vec![HashSet::new(); self.lower.len()];
         let mut loading = 0usize;
         for (id, flight) in &self.flights {
-            audit.landing_blocks += flight.copies.len();
+            audit.landing_blocks += flight.hashes.len();
+            if flight.pins.len() != flight.hashes.len()
+                || flight.landings.block_ids().len() != flight.hashes.len()
+            {
+                return violated(format!(
+                    "transfer {id}'s pins, landings and hashes disagree"
+                ));
+            }
             match (flight.kind, flight.destination.lower_index()) {
                 (TransferKind::Load, None) => {
                     if flight.source.is_device() {
                         return violated(format!("load {id} from the device"));
                     }
-                    for copy in &flight.copies {
-                        let entry = self.loading.get(&copy.hash.value());
+                    for hash in &flight.hashes {
+                        let entry = self.loading.get(&hash.value());
                         match (flight.abandoned, entry) {
                             (false, Some(owner)) if owner == id => loading += 1,
                             (false, _) => {
@@ -68,8 +75,8 @@ impl<D> Tiers<D> {
                     if flight.source.level() != index {
                         return violated(format!("store {id} skips a tier"));
                     }
-                    for copy in &flight.copies {
-                        if !incoming[index].insert(copy.hash.value()) {
+                    for hash in &flight.hashes {
+                        if !incoming[index].insert(hash.value()) {
                             return violated(format!("a hash stored twice into tier {index}"));
                         }
                     }

@@ -1,56 +1,96 @@
-//! Transfers in flight and the blocks each pins until it is settled.
+//! Transfers in flight and the blocks each pins until it is settled: one
+//! batch per transfer, so pinning and releasing a transfer's sources takes
+//! one pool lock however many blocks it moves.
 
-use kvbm_blocks::{BlockId, ImmutableBlock, MutableBlock, SequenceHash};
+use kvbm_blocks::{BlockId, ImmutableBlocks, MutableBlock, SequenceHash};
 
 use crate::{Lower, TierId, TransferKind};
 
-/// What keeps a copy's source where it is until the copy is settled.
+/// What keeps a transfer's sources where they are until it is settled.
 #[derive(Debug)]
-pub(crate) enum Pin<D> {
-    /// A registered device block, held (never evicted while held).
-    Device(ImmutableBlock<D>),
-    /// A device block evicted for write-back: held, content intact, freed
+pub(crate) enum Pins<D> {
+    /// Registered device blocks, held (never evicted while held).
+    Device(ImmutableBlocks<D>),
+    /// Device blocks evicted for write-back: held, content intact, freed
     /// when the copy is settled.
-    DeviceEvicted(MutableBlock<D>),
-    /// A registered block of a lower tier.
-    Lower(ImmutableBlock<Lower>),
-    /// A lower tier's block evicted for write-back to the next tier.
-    LowerEvicted(MutableBlock<Lower>),
+    DeviceEvicted(Vec<MutableBlock<D>>),
+    /// Registered blocks of a lower tier.
+    Lower(ImmutableBlocks<Lower>),
+    /// A lower tier's blocks evicted for write-back to the next tier.
+    LowerEvicted(Vec<MutableBlock<Lower>>),
 }
 
-impl<D> Pin<D> {
-    pub(crate) fn block_id(&self) -> BlockId {
+impl<D> Pins<D> {
+    pub(crate) fn len(&self) -> usize {
         match self {
-            Self::Device(block) => block.block_id(),
-            Self::DeviceEvicted(block) => block.block_id(),
-            Self::Lower(block) => block.block_id(),
-            Self::LowerEvicted(block) => block.block_id(),
+            Self::Device(blocks) => blocks.len(),
+            Self::DeviceEvicted(blocks) => blocks.len(),
+            Self::Lower(blocks) => blocks.len(),
+            Self::LowerEvicted(blocks) => blocks.len(),
+        }
+    }
+
+    /// The pinned blocks' ids, in order.
+    pub(crate) fn block_ids(&self) -> Vec<BlockId> {
+        match self {
+            Self::Device(blocks) => blocks.block_ids().collect(),
+            Self::DeviceEvicted(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+            Self::Lower(blocks) => blocks.block_ids().collect(),
+            Self::LowerEvicted(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+        }
+    }
+
+    /// Whether they are device blocks.
+    pub(crate) fn on_device(&self) -> bool {
+        matches!(self, Self::Device(_) | Self::DeviceEvicted(_))
+    }
+
+    /// Keeps the blocks whose `keep` is true, in order (the others are
+    /// released). Keeping all changes nothing and takes no lock.
+    pub(crate) fn retain(self, keep: &[bool]) -> Self {
+        if keep.iter().all(|&k| k) {
+            return self;
+        }
+        match self {
+            Self::Device(blocks) => Self::Device(retain_batch(blocks, keep)),
+            Self::Lower(blocks) => Self::Lower(retain_batch(blocks, keep)),
+            Self::DeviceEvicted(blocks) => Self::DeviceEvicted(retain_vec(blocks, keep)),
+            Self::LowerEvicted(blocks) => Self::LowerEvicted(retain_vec(blocks, keep)),
         }
     }
 }
 
-/// A copy's destination: allocated, not matchable until the copy completes.
-#[derive(Debug)]
-pub(crate) enum Landing<D> {
-    Device(MutableBlock<D>),
-    Lower(MutableBlock<Lower>),
-}
-
-impl<D> Landing<D> {
-    pub(crate) fn block_id(&self) -> BlockId {
-        match self {
-            Self::Device(block) => block.block_id(),
-            Self::Lower(block) => block.block_id(),
+fn retain_batch<M>(blocks: ImmutableBlocks<M>, keep: &[bool]) -> ImmutableBlocks<M> {
+    let mut kept = ImmutableBlocks::new();
+    for (block, &keep) in blocks.into_iter().zip(keep) {
+        if keep {
+            // One batch's blocks are one manager's: never refused.
+            let _ = kept.push(block);
         }
     }
+    kept
 }
 
-/// One block of a transfer.
+fn retain_vec<T>(blocks: Vec<T>, keep: &[bool]) -> Vec<T> {
+    (blocks.into_iter().zip(keep))
+        .filter_map(|(block, &keep)| keep.then_some(block))
+        .collect()
+}
+
+/// A transfer's destinations: allocated, not matchable until it completes.
 #[derive(Debug)]
-pub(crate) struct Copy<D> {
-    pub(crate) hash: SequenceHash,
-    pub(crate) source: Pin<D>,
-    pub(crate) landing: Landing<D>,
+pub(crate) enum Landings<D> {
+    Device(Vec<MutableBlock<D>>),
+    Lower(Vec<MutableBlock<Lower>>),
+}
+
+impl<D> Landings<D> {
+    pub(crate) fn block_ids(&self) -> Vec<BlockId> {
+        match self {
+            Self::Device(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+            Self::Lower(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+        }
+    }
 }
 
 /// A planned transfer the engine has not reported yet.
@@ -59,7 +99,10 @@ pub(crate) struct Flight<D> {
     pub(crate) kind: TransferKind,
     pub(crate) source: TierId,
     pub(crate) destination: TierId,
-    pub(crate) copies: Vec<Copy<D>>,
+    /// Each block's hash, in order (sources and landings follow it).
+    pub(crate) hashes: Vec<SequenceHash>,
+    pub(crate) pins: Pins<D>,
+    pub(crate) landings: Landings<D>,
     /// Its result will be thrown away: the request that wanted it stopped
     /// waiting (a load timeout, a cancel). Its blocks stay pinned until the
     /// engine reports it, since the engine may still be writing them.

@@ -1,10 +1,10 @@
 //! Onboarding: a request's prefix brought up from the lower tiers onto the
 //! device, as load transfers.
 
-use kvbm_blocks::{ImmutableBlock, SequenceHash};
+use kvbm_blocks::{ImmutableBlocks, SequenceHash};
 use tracing::trace;
 
-use crate::flight::{Copy, Landing, Pin};
+use crate::flight::{Landings, Pins};
 use crate::{Lower, TierId, Tiers, TransferId, TransferKind};
 
 /// What [`Tiers::onboard`] set in motion for one request.
@@ -45,9 +45,14 @@ impl<D> Tiers<D> {
         if self.lower.is_empty() {
             return onboard;
         }
-        // Each block: waited for, or pinned in the highest tier that has it.
+        // Each block: waited for, or pinned in the highest tier that has it
+        // (a batch per tier, so a transfer's pins take one lock to drop).
         let mut waits: Vec<TransferId> = Vec::new();
-        let mut loads: Vec<(SequenceHash, usize, ImmutableBlock<Lower>)> = Vec::new();
+        let tiers = self.lower.len();
+        let mut by_tier: Vec<(Vec<SequenceHash>, ImmutableBlocks<Lower>)> = (0..tiers)
+            .map(|_| (Vec::new(), ImmutableBlocks::new()))
+            .collect();
+        let mut loads = 0usize;
         let mut covered = 0;
         // Blocks before the first one to load: all on their way already.
         let mut leading_waits = 0;
@@ -57,30 +62,36 @@ impl<D> Tiers<D> {
                     waits.push(id);
                 }
                 covered += 1;
-                if loads.is_empty() {
+                if loads == 0 {
                     leading_waits += 1;
                 }
                 continue;
             }
             let pinned = (self.lower.iter().enumerate()).find_map(|(index, tier)| {
-                let mut matched = tier.pool.match_blocks(&[hash]);
-                matched.pop().map(|block| (index, block))
+                let matched = tier.pool.match_blocks(&[hash]);
+                (!matched.is_empty()).then_some((index, matched))
             });
-            match pinned {
-                Some((index, block)) => loads.push((hash, index, block)),
-                None => break,
-            }
+            let Some((index, matched)) = pinned else {
+                break;
+            };
+            let (tier_hashes, pins) = &mut by_tier[index];
+            tier_hashes.push(hash);
+            // One tier's blocks are one pool's: never refused.
+            let _ = pins.append(matched);
+            loads += 1;
             covered += 1;
         }
         if let Some(sketch) = &mut self.hits {
-            for (hash, _, _) in &loads {
-                sketch.increment(hash.value());
+            for (hashes, _) in &by_tier {
+                for hash in hashes {
+                    sketch.increment(hash.value());
+                }
             }
         }
-        let landings = if loads.is_empty() {
+        let mut landings = if loads == 0 {
             Vec::new()
         } else {
-            match self.device.allocate_blocks(loads.len()) {
+            match self.device.allocate_blocks(loads) {
                 Ok(landings) => landings,
                 Err(_) => {
                     // No room on the device: load nothing (the pins drop),
@@ -100,24 +111,25 @@ impl<D> Tiers<D> {
             }
         };
         // One transfer per source tier, in prefix order within it.
-        let mut by_tier: Vec<Vec<Copy<D>>> = (0..self.lower.len()).map(|_| Vec::new()).collect();
-        for ((hash, index, block), landing) in loads.into_iter().zip(landings) {
-            self.lower[index].stats.hit_blocks += 1;
-            onboard.loaded_from[index + 1] += 1;
-            by_tier[index].push(Copy {
-                hash,
-                source: Pin::Lower(block),
-                landing: Landing::Device(landing),
-            });
-        }
-        for (index, copies) in by_tier.into_iter().enumerate() {
-            if copies.is_empty() {
+        for (index, (tier_hashes, pins)) in by_tier.into_iter().enumerate() {
+            if tier_hashes.is_empty() {
                 continue;
             }
+            let rest = landings.split_off(tier_hashes.len().min(landings.len()));
+            let mine = std::mem::replace(&mut landings, rest);
+            self.lower[index].stats.hit_blocks += tier_hashes.len() as u64;
+            onboard.loaded_from[index + 1] += tier_hashes.len();
             let source = TierId::lower(index).unwrap_or(TierId::DEVICE);
-            let hashes: Vec<u128> = copies.iter().map(|c| c.hash.value()).collect();
-            let id = self.launch(TransferKind::Load, source, TierId::DEVICE, copies);
-            for value in hashes {
+            let values: Vec<u128> = tier_hashes.iter().map(|h| h.value()).collect();
+            let id = self.launch(
+                TransferKind::Load,
+                source,
+                TierId::DEVICE,
+                tier_hashes,
+                Pins::Lower(pins),
+                Landings::Device(mine),
+            );
+            for value in values {
                 self.loading.insert(value, id);
             }
             waits.push(id);
@@ -142,15 +154,17 @@ impl<D> Tiers<D> {
                 .filter(|&hash| self.takes(policy, hash))
                 .collect();
             let above = &self.lower[index - 1].pool;
-            let copies = due
-                .into_iter()
-                .filter_map(|hash| {
-                    let mut matched = above.match_blocks(&[hash]);
-                    matched.pop().map(|block| (hash, Pin::Lower(block)))
-                })
-                .collect();
+            let mut pins = ImmutableBlocks::new();
+            let mut pinned = Vec::new();
+            for hash in due {
+                let matched = above.match_blocks(&[hash]);
+                if !matched.is_empty() && pins.append(matched).is_ok() {
+                    pinned.push(hash);
+                }
+            }
+            let keep = vec![true; pinned.len()];
             let source = TierId::lower(index - 1).unwrap_or(TierId::DEVICE);
-            self.plan_store(source, index, copies);
+            self.plan_store(source, index, pinned, Pins::Lower(pins), keep);
         }
     }
 }

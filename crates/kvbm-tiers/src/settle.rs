@@ -4,7 +4,7 @@
 use kvbm_blocks::{CompleteBlock, ImmutableBlocks, MutableBlock, SequenceHash};
 use tracing::{debug, trace};
 
-use crate::flight::{Flight, Landing, Pin};
+use crate::flight::{Flight, Landings, Pins};
 use crate::{Lower, OffloadPolicy, TierError, TierId, Tiers, TransferId, TransferKind};
 
 /// How a transfer ended, by the engine's report.
@@ -135,7 +135,7 @@ impl<D> Tiers<D> {
             .flights
             .remove(&id)
             .ok_or(TierError::UnknownTransfer(id))?;
-        let blocks = flight.copies.len();
+        let blocks = flight.hashes.len();
         match outcome {
             Outcome::Completed => self.counts.completed += 1,
             Outcome::Failed => self.counts.failed += 1,
@@ -164,16 +164,16 @@ impl<D> Tiers<D> {
     fn forget_in_flight(&mut self, id: TransferId, flight: &Flight<D>) {
         match flight.destination.lower_index() {
             None => {
-                for copy in &flight.copies {
-                    if self.loading.get(&copy.hash.value()) == Some(&id) {
-                        self.loading.remove(&copy.hash.value());
+                for hash in &flight.hashes {
+                    if self.loading.get(&hash.value()) == Some(&id) {
+                        self.loading.remove(&hash.value());
                     }
                 }
             }
             Some(index) => {
                 if let Some(tier) = self.lower.get_mut(index) {
-                    for copy in &flight.copies {
-                        tier.incoming.remove(&copy.hash.value());
+                    for hash in &flight.hashes {
+                        tier.incoming.remove(&hash.value());
                     }
                 }
             }
@@ -181,7 +181,7 @@ impl<D> Tiers<D> {
     }
 
     fn count_dropped(&mut self, flight: &Flight<D>) {
-        let blocks = flight.copies.len() as u64;
+        let blocks = flight.hashes.len() as u64;
         match flight.kind {
             TransferKind::Store => {
                 if let Some(tier) =
@@ -200,23 +200,30 @@ impl<D> Tiers<D> {
         }
     }
 
-    /// A completed load: its blocks registered on the device.
+    /// A completed load: its blocks registered on the device (one lock),
+    /// its sources released (one lock).
     fn land_on_device(&mut self, id: TransferId, flight: Flight<D>) -> Settled<D> {
-        let landed: Vec<CompleteBlock<D>> = (flight.copies.into_iter())
-            .filter_map(|copy| match copy.landing {
-                Landing::Device(block) => stage(block, copy.hash),
-                Landing::Lower(_) => None,
-            })
-            .collect();
+        let Flight {
+            source,
+            hashes,
+            landings,
+            pins,
+            ..
+        } = flight;
+        let landed: Vec<CompleteBlock<D>> = match landings {
+            Landings::Device(blocks) => stage_all(blocks, &hashes),
+            Landings::Lower(_) => Vec::new(),
+        };
+        drop(pins);
         let count = landed.len() as u64;
         let blocks = self.device.register_blocks(landed).unwrap_or_default();
-        if let Some(tier) = (flight.source.lower_index()).and_then(|i| self.lower.get_mut(i)) {
+        if let Some(tier) = (source.lower_index()).and_then(|i| self.lower.get_mut(i)) {
             tier.stats.loaded_blocks += count;
         }
         self.counts.loaded_blocks += count;
         Settled::Loaded {
             id,
-            from: flight.source,
+            from: source,
             blocks,
         }
     }
@@ -224,25 +231,32 @@ impl<D> Tiers<D> {
     /// A completed store: its blocks cached in their tier, and passed on to
     /// the tier below if it takes them.
     fn land_below(&mut self, id: TransferId, flight: Flight<D>) -> Settled<D> {
-        let Some(index) = flight.destination.lower_index() else {
+        let Flight {
+            destination,
+            hashes,
+            landings,
+            pins,
+            ..
+        } = flight;
+        let blocks = hashes.len();
+        let Some(index) = destination.lower_index() else {
             return Settled::Dropped {
                 id,
-                kind: flight.kind,
-                blocks: flight.copies.len(),
+                kind: TransferKind::Store,
+                blocks,
                 failed: false,
             };
         };
-        let landed: Vec<CompleteBlock<Lower>> = (flight.copies.into_iter())
-            .filter_map(|copy| match copy.landing {
-                Landing::Lower(block) => stage(block, copy.hash),
-                Landing::Device(_) => None,
-            })
-            .collect();
+        let landed: Vec<CompleteBlock<Lower>> = match landings {
+            Landings::Lower(landed) => stage_all(landed, &hashes),
+            Landings::Device(_) => Vec::new(),
+        };
+        drop(pins);
         let count = landed.len();
         let Some(tier) = self.lower.get_mut(index) else {
             return Settled::Stored {
                 id,
-                tier: flight.destination,
+                tier: destination,
                 blocks: 0,
             };
         };
@@ -255,20 +269,27 @@ impl<D> Tiers<D> {
                 policy,
                 OffloadPolicy::WriteThrough | OffloadPolicy::Selective { .. }
             ) {
-                let copies: Vec<(SequenceHash, Pin<D>)> = (0..stored.len())
-                    .filter_map(|i| stored.get(i))
-                    .filter(|block| self.takes(policy, block.sequence_hash()))
-                    .map(|block| (block.sequence_hash(), Pin::Lower(block)))
+                let keep: Vec<bool> = (hashes.iter())
+                    .map(|&hash| self.takes(policy, hash))
                     .collect();
-                self.plan_store(flight.destination, index + 1, copies);
+                if keep.iter().any(|&k| k) && stored.len() == hashes.len() {
+                    self.plan_store(destination, index + 1, hashes, Pins::Lower(stored), keep);
+                }
             }
         }
         Settled::Stored {
             id,
-            tier: flight.destination,
+            tier: destination,
             blocks: count,
         }
     }
+}
+
+/// Landed blocks staged under their hashes (full blocks: they always fit).
+fn stage_all<M>(blocks: Vec<MutableBlock<M>>, hashes: &[SequenceHash]) -> Vec<CompleteBlock<M>> {
+    (blocks.into_iter().zip(hashes))
+        .filter_map(|(block, &hash)| stage(block, hash))
+        .collect()
 }
 
 /// A landed block staged under its hash (a full block: it always fits).

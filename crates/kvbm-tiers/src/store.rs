@@ -4,25 +4,42 @@
 use kvbm_blocks::{ImmutableBlock, ImmutableBlocks, SequenceHash};
 use tracing::trace;
 
-use crate::flight::{Copy, Flight, Landing, Pin};
+use crate::flight::{Flight, Landings, Pins};
 use crate::transfer::runs;
-use crate::{OffloadPolicy, TierId, Tiers, Transfer, TransferKind};
+use crate::{OffloadPolicy, TierId, Tiers, Transfer, TransferId, TransferKind};
 
 impl<D> Tiers<D> {
     /// Device blocks just registered (a request computed them): the first
     /// lower tier takes copies if it is write-through, or selective and the
     /// block was hit often enough. Handles not kept are dropped at once.
     pub fn offload(&mut self, blocks: impl IntoIterator<Item = ImmutableBlock<D>>) {
+        let mut batch = ImmutableBlocks::new();
+        for block in blocks {
+            // Handles of other pools than the device's are not ours to copy.
+            if block.belongs_to(&self.device) {
+                let _ = batch.push(block);
+            }
+        }
+        self.offload_batch(batch);
+    }
+
+    /// [`offload`](Self::offload) of a batch of device blocks (pinning and
+    /// releasing them takes one pool lock, however many there are; a
+    /// request's new blocks are `assigned.clone_range(before..)`).
+    pub fn offload_batch(&mut self, blocks: ImmutableBlocks<D>) {
         let Some(first) = self.lower.first() else {
             return;
         };
+        if blocks.is_empty() || !blocks.belongs_to(&self.device) {
+            return;
+        }
         let policy = first.config.offload;
-        let copies: Vec<(SequenceHash, Pin<D>)> = blocks
-            .into_iter()
-            .filter(|block| self.takes(policy, block.sequence_hash()))
-            .map(|block| (block.sequence_hash(), Pin::Device(block)))
+        let hashes = blocks.sequence_hashes();
+        let keep: Vec<bool> = hashes
+            .iter()
+            .map(|&hash| self.takes(policy, hash))
             .collect();
-        self.plan_store(TierId::DEVICE, 0, copies);
+        self.plan_store(TierId::DEVICE, 0, hashes, Pins::Device(blocks), keep);
     }
 
     /// A request's prefix was found on the device (`blocks`, as matched):
@@ -35,12 +52,28 @@ impl<D> Tiers<D> {
         for block in blocks.iter() {
             sketch.increment(block.hash_value());
         }
-        if let Some(first) = self.lower.first()
-            && matches!(first.config.offload, OffloadPolicy::Selective { .. })
-        {
-            let handles = (0..blocks.len()).filter_map(|i| blocks.get(i));
-            self.offload(handles);
+        let Some(first) = self.lower.first() else {
+            return;
+        };
+        let policy = first.config.offload;
+        if !matches!(policy, OffloadPolicy::Selective { .. }) {
+            return;
         }
+        // Only blocks due and not yet below are pinned (one lock each:
+        // few cross the threshold at any one hit).
+        let mut due = ImmutableBlocks::new();
+        for (i, info) in blocks.iter().enumerate() {
+            let value = info.hash_value();
+            let hash = SequenceHash::root(value);
+            if self.takes(policy, hash)
+                && !first.incoming.contains(&value)
+                && first.pool.scan_matches(&[hash]) == [false]
+                && let Some(block) = blocks.get(i)
+            {
+                let _ = due.push(block);
+            }
+        }
+        self.offload_batch(due);
     }
 
     /// Keeps room above every write-back tier: the device (for a
@@ -59,23 +92,23 @@ impl<D> Tiers<D> {
                 .config
                 .max_incoming_blocks
                 .saturating_sub(tier.incoming.len());
-            if index == 0 {
+            let (source, hashes, pins) = if index == 0 {
                 let free = self.device.metrics().free_blocks;
                 let want = headroom.saturating_sub(free).min(room);
-                let copies = (self.device.evict_blocks(want).into_iter())
-                    .map(|(hash, block)| (hash, Pin::DeviceEvicted(block)))
-                    .collect();
-                self.plan_store(TierId::DEVICE, 0, copies);
+                let (hashes, blocks): (Vec<_>, Vec<_>) =
+                    self.device.evict_blocks(want).into_iter().unzip();
+                (TierId::DEVICE, hashes, Pins::DeviceEvicted(blocks))
             } else {
                 let above = &self.lower[index - 1].pool;
                 let free = above.metrics().free_blocks;
                 let want = headroom.saturating_sub(free).min(room);
-                let copies = (above.evict_blocks(want).into_iter())
-                    .map(|(hash, block)| (hash, Pin::LowerEvicted(block)))
-                    .collect();
+                let (hashes, blocks): (Vec<_>, Vec<_>) =
+                    above.evict_blocks(want).into_iter().unzip();
                 let source = TierId::lower(index - 1).unwrap_or(TierId::DEVICE);
-                self.plan_store(source, index, copies);
-            }
+                (source, hashes, Pins::LowerEvicted(blocks))
+            };
+            let keep = vec![true; hashes.len()];
+            self.plan_store(source, index, hashes, pins, keep);
         }
     }
 
@@ -92,66 +125,81 @@ impl<D> Tiers<D> {
         }
     }
 
-    /// Plans copies from `source` into lower tier `index`: blocks already
-    /// there or on their way are skipped (their pins dropped), and so are
-    /// those past the tier's incoming limit or its room; the rest become
-    /// one store transfer.
+    /// Plans copies of the blocks `pins` holds (hashes `hashes`, those with
+    /// `keep` set wanted) from `source` into lower tier `index`: blocks
+    /// already there or on their way are skipped, and so are those past the
+    /// tier's incoming limit or its room; the rest become one store
+    /// transfer, and the pins of the skipped ones are released.
     pub(crate) fn plan_store(
         &mut self,
         source: TierId,
         index: usize,
-        copies: Vec<(SequenceHash, Pin<D>)>,
+        hashes: Vec<SequenceHash>,
+        pins: Pins<D>,
+        mut keep: Vec<bool>,
     ) {
-        if copies.is_empty() {
+        if hashes.is_empty() || hashes.len() != pins.len() || keep.len() != hashes.len() {
             return;
         }
         let Some(tier) = self.lower.get_mut(index) else {
             return;
         };
-        let hashes: Vec<SequenceHash> = copies.iter().map(|(hash, _)| *hash).collect();
         let present = tier.pool.scan_matches(&hashes);
-        let mut wanted: Vec<(SequenceHash, Pin<D>)> = Vec::with_capacity(copies.len());
-        for ((hash, pin), present) in copies.into_iter().zip(present) {
-            if present || tier.incoming.contains(&hash.value()) {
+        // Each wanted hash goes into `incoming` as it is taken, so one
+        // already there, or twice in this batch, is skipped in O(1).
+        let limit = tier.config.max_incoming_blocks;
+        let mut taken: Vec<u128> = Vec::new();
+        for (i, hash) in hashes.iter().enumerate() {
+            if !keep[i] {
                 continue;
             }
-            if tier.incoming.len() + wanted.len() >= tier.config.max_incoming_blocks {
+            if present[i] || tier.incoming.contains(&hash.value()) {
+                keep[i] = false;
+                continue;
+            }
+            if tier.incoming.len() >= limit {
                 tier.stats.skipped_stores += 1;
+                keep[i] = false;
                 continue;
             }
-            if wanted.iter().any(|(h, _)| *h == hash) {
-                continue;
-            }
-            wanted.push((hash, pin));
+            tier.incoming.insert(hash.value());
+            taken.push(hash.value());
         }
         let room = tier.pool.available_blocks();
-        if wanted.len() > room {
-            tier.stats.skipped_stores += (wanted.len() - room) as u64;
-            wanted.truncate(room);
+        if taken.len() > room {
+            tier.stats.skipped_stores += (taken.len() - room) as u64;
+            for value in taken.drain(room..) {
+                tier.incoming.remove(&value);
+                if let Some(at) = hashes.iter().rposition(|h| h.value() == value) {
+                    keep[at] = false;
+                }
+            }
         }
-        if wanted.is_empty() {
+        if taken.is_empty() {
             return;
         }
-        let Ok(landings) = tier.pool.allocate_blocks(wanted.len()) else {
+        let Ok(landings) = tier.pool.allocate_blocks(taken.len()) else {
             // `available_blocks` said there was room; nothing was allocated.
-            tier.stats.skipped_stores += wanted.len() as u64;
+            tier.stats.skipped_stores += taken.len() as u64;
+            for value in &taken {
+                tier.incoming.remove(value);
+            }
             return;
         };
-        for (hash, _) in &wanted {
-            tier.incoming.insert(hash.value());
-        }
-        let copies: Vec<Copy<D>> = wanted
-            .into_iter()
-            .zip(landings)
-            .map(|((hash, source), landing)| Copy {
-                hash,
-                source,
-                landing: Landing::Lower(landing),
-            })
+        let pins = pins.retain(&keep);
+        let hashes: Vec<SequenceHash> = (hashes.into_iter().zip(&keep))
+            .filter_map(|(hash, &keep)| keep.then_some(hash))
             .collect();
         let destination = TierId::lower(index).unwrap_or(TierId::DEVICE);
-        trace!(%source, %destination, blocks = copies.len(), "store planned");
-        self.launch(TransferKind::Store, source, destination, copies);
+        trace!(%source, %destination, blocks = hashes.len(), "store planned");
+        self.launch(
+            TransferKind::Store,
+            source,
+            destination,
+            hashes,
+            pins,
+            Landings::Lower(landings),
+        );
     }
 
     /// Records a planned transfer: in flight, and handed to the engine at
@@ -161,18 +209,19 @@ impl<D> Tiers<D> {
         kind: TransferKind,
         source: TierId,
         destination: TierId,
-        copies: Vec<Copy<D>>,
-    ) -> crate::TransferId {
+        hashes: Vec<SequenceHash>,
+        pins: Pins<D>,
+        landings: Landings<D>,
+    ) -> TransferId {
         let id = self.next_transfer_id();
-        let runs =
-            runs((copies.iter()).map(|copy| (copy.source.block_id(), copy.landing.block_id())));
+        let runs = runs(pins.block_ids().into_iter().zip(landings.block_ids()));
         self.planned.push(Transfer {
             id,
             kind,
             source,
             destination,
             runs,
-            hashes: copies.iter().map(|copy| copy.hash).collect(),
+            hashes: hashes.clone(),
         });
         self.flights.insert(
             id,
@@ -180,7 +229,9 @@ impl<D> Tiers<D> {
                 kind,
                 source,
                 destination,
-                copies,
+                hashes,
+                pins,
+                landings,
                 abandoned: false,
             },
         );

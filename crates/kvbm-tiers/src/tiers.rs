@@ -7,7 +7,7 @@ use std::fmt;
 use foldhash::fast::RandomState;
 use kvbm_blocks::{BlockManager, FrequencySketch, SequenceHash};
 
-use crate::flight::{Flight, Landing, Pin};
+use crate::flight::{Flight, Landings};
 use crate::{
     OffloadPolicy, TierConfig, TierError, TierId, TierStats, Transfer, TransferCounts, TransferId,
 };
@@ -183,15 +183,11 @@ impl<D> Tiers<D> {
     pub fn device_blocks_held(&self) -> Vec<kvbm_blocks::BlockId> {
         let mut held = Vec::new();
         for flight in self.flights.values() {
-            for copy in &flight.copies {
-                match &copy.source {
-                    Pin::Device(block) => held.push(block.block_id()),
-                    Pin::DeviceEvicted(block) => held.push(block.block_id()),
-                    Pin::Lower(_) | Pin::LowerEvicted(_) => {}
-                }
-                if let Landing::Device(block) = &copy.landing {
-                    held.push(block.block_id());
-                }
+            if flight.pins.on_device() {
+                held.extend(flight.pins.block_ids());
+            }
+            if let Landings::Device(_) = &flight.landings {
+                held.extend(flight.landings.block_ids());
             }
         }
         held

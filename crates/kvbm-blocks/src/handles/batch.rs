@@ -140,6 +140,41 @@ impl<M> ImmutableBlocks<M> {
         Some(ImmutableBlock::from_ref(shared.clone(), info))
     }
 
+    /// A new batch of the blocks at `range` (one more reference each, under
+    /// one lock); the part of `range` past the end is left out.
+    pub fn clone_range(&self, range: std::ops::Range<usize>) -> Self {
+        let end = range.end.min(self.blocks.len());
+        let start = range.start.min(end);
+        let blocks = self.blocks[start..end].to_vec();
+        if let Some(shared) = &self.shared
+            && !blocks.is_empty()
+        {
+            let mut pool = shared.lock();
+            for info in &blocks {
+                pool.add_ref(info.block_id());
+            }
+        }
+        Self {
+            shared: self.shared.clone(),
+            blocks,
+            _tier: PhantomData,
+        }
+    }
+
+    /// Every block's whole [`SequenceHash`](crate::SequenceHash) (lineage
+    /// included, which [`BlockInfo`] leaves out), in order, read under one
+    /// lock.
+    pub fn sequence_hashes(&self) -> Vec<crate::SequenceHash> {
+        let Some(shared) = &self.shared else {
+            return Vec::new();
+        };
+        let pool = shared.lock();
+        self.blocks
+            .iter()
+            .map(|info| pool.hash_of(info.block_id()))
+            .collect()
+    }
+
     /// A non-owning handle to the block at `index`.
     pub fn downgrade(&self, index: usize) -> Option<WeakBlock<M>> {
         let info = *self.blocks.get(index)?;

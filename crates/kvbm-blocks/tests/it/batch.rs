@@ -36,6 +36,34 @@ fn clone_pins_every_block_again_until_both_drop() {
 }
 
 #[test]
+fn clone_range_pins_only_its_blocks_and_clamps_to_the_end() {
+    let manager = manager(4);
+    let batch = register(&manager, &chain(1, 4));
+    let middle = batch.clone_range(1..3);
+    let past = batch.clone_range(3..10);
+    let empty = batch.clone_range(7..9);
+    assert_eq!((ids(&middle), ids(&past)), (vec![1, 2], vec![3]));
+    assert!(empty.is_empty());
+    drop(batch);
+    assert_eq!(audit(&manager).active_blocks, 3, "1, 2 and 3 still pinned");
+    drop((middle, past, empty));
+    assert_eq!(audit(&manager).inactive_blocks, 4);
+}
+
+#[test]
+fn sequence_hashes_are_the_whole_hashes_in_order() {
+    let manager = manager(4);
+    let hashes = chain(1, 3);
+    let batch = register(&manager, &hashes);
+    assert_eq!(batch.sequence_hashes(), hashes);
+    assert!(
+        kvbm_blocks::ImmutableBlocks::<Gpu>::new()
+            .sequence_hashes()
+            .is_empty()
+    );
+}
+
+#[test]
 fn split_off_and_append_move_references_without_changing_counts() {
     let manager = manager(4);
     let mut head = register(&manager, &chain(1, 4));

@@ -166,8 +166,12 @@ impl<M> Scheduler<M> {
             tiers.record_hits(candidate.seq.inner().assignments().assigned());
         }
         let (admitted, mut candidate) = if onboard && candidate.onboard && self.tiers.is_some() {
+            let id = admitted.id();
             match self.try_onboard(admitted, candidate) {
-                Ok(loading) => return Some(loading),
+                Ok(loading) => {
+                    plan.onboarding.push(id);
+                    return Some(loading);
+                }
                 Err(back) => back,
             }
         } else {

@@ -394,7 +394,8 @@ impl<M> Scheduler<M> {
         }
         let running = &self.running[index];
         let assigned = running.seq.inner().assignments().assigned();
-        let new = (registered_before..assigned.len()).filter_map(|i| assigned.get(i));
-        tiers.offload(new);
+        if assigned.len() > registered_before {
+            tiers.offload_batch(assigned.clone_range(registered_before..assigned.len()));
+        }
     }
 }

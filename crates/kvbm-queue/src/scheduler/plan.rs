@@ -38,6 +38,10 @@ pub struct StepPlan {
     /// the step; a load's destination blocks belong to no planned request
     /// until it is reported.
     pub transfers: Vec<kvbm_tiers::Transfer>,
+    /// Requests admitted this step to wait for loads (onboarding): they
+    /// hold device blocks and start computing in a later step's plan,
+    /// `resumed`, once their loads are reported.
+    pub onboarding: Vec<RequestId>,
 }
 
 impl StepPlan {

@@ -60,6 +60,7 @@ impl<M> Scheduler<M> {
         plan.preempted.clear();
         plan.finished.clear();
         plan.transfers.clear();
+        plan.onboarding.clear();
         // Cancelled requests leave before anything is planned for them.
         let mut cancelled = Vec::new();
         self.end_cancelled(&mut cancelled);

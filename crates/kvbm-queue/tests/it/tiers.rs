@@ -111,6 +111,7 @@ fn a_prefix_evicted_from_the_device_is_onboarded_from_the_host() {
         "never the last token's block: {loaded}"
     );
     assert_eq!(s.census().onboarding, 1);
+    assert_eq!(plan.onboarding, [RequestId(2)]);
     s.audit().unwrap();
     s.apply(&outputs(&plan)).unwrap();
     // Not ready until the engine reports the load.

@@ -22,13 +22,15 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use kvbm_blocks::{BlockError, BlockManager};
+use kvbm_blocks::{BlockError, BlockManager, ImmutableBlocks};
+use kvbm_tiers::Tiers;
 use serde_json::json;
 use tracing::instrument;
 
 use crate::format::group;
 use crate::{
-    Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Workload, WorkloadRequest,
+    Capacity, Eviction, HitStats, NoProgress, Offload, Progress, SimError, TierSetup, Workload,
+    WorkloadRequest,
 };
 
 /// Requests between two progress reports.
@@ -40,17 +42,77 @@ struct Simulated;
 
 /// What to replay in cache mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct CacheConfig {
     /// Size of the cache (default unbounded).
     pub capacity: Capacity,
     /// Eviction order (default LRU).
     pub eviction: Eviction,
+    /// Tiers below the cache (none by default): a miss on the device is
+    /// looked up there and loaded, and computed blocks are offloaded. Cache
+    /// mode has no clock: every copy completes at once.
+    pub tiers: CacheTiers,
+}
+
+/// Lower tiers in cache mode: their sizes and offload policy (cache mode
+/// moves no bytes in time, so no links).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct CacheTiers {
+    /// Tokens of a host tier below the device.
+    pub host_tokens: Option<u64>,
+    /// Tokens of a disk tier (below the host tier, if any).
+    pub disk_tokens: Option<u64>,
+    /// What each lower tier takes from the one above.
+    pub offload: Offload,
+}
+
+impl CacheTiers {
+    /// Sets [`host_tokens`](Self::host_tokens).
+    pub fn with_host_tokens(mut self, tokens: u64) -> Self {
+        self.host_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets [`disk_tokens`](Self::disk_tokens).
+    pub fn with_disk_tokens(mut self, tokens: u64) -> Self {
+        self.disk_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets [`offload`](Self::offload).
+    pub fn with_offload(mut self, offload: Offload) -> Self {
+        self.offload = offload;
+        self
+    }
+
+    /// Whether any lower tier is configured.
+    pub fn is_enabled(&self) -> bool {
+        self.host_tokens.is_some() || self.disk_tokens.is_some()
+    }
+
+    fn setup(&self) -> TierSetup {
+        let mut setup = TierSetup::default().with_offload(self.offload);
+        setup.host_tokens = self.host_tokens;
+        setup.disk_tokens = self.disk_tokens;
+        setup
+    }
 }
 
 impl CacheConfig {
     /// A config for `capacity` and `eviction`.
     pub fn new(capacity: Capacity, eviction: Eviction) -> Self {
-        Self { capacity, eviction }
+        Self {
+            capacity,
+            eviction,
+            tiers: CacheTiers::default(),
+        }
+    }
+
+    /// Sets [`tiers`](Self::tiers).
+    pub fn with_tiers(mut self, tiers: CacheTiers) -> Self {
+        self.tiers = tiers;
+        self
     }
 
     /// Replays `workload` through a fresh cache.
@@ -80,6 +142,9 @@ pub fn replay(
     let capacity_blocks = config.capacity.resolve(workload)?;
     let started = Instant::now();
     let mut sim = CacheSim::new(workload.block_size(), capacity_blocks, config.eviction)?;
+    if config.tiers.is_enabled() {
+        sim.add_tiers(&config.tiers)?;
+    }
     progress.start("replaying", workload.len() as u64);
     let mut since_report = 0;
     for request in workload.requests() {
@@ -132,6 +197,10 @@ pub struct CacheSim {
     hits: HitStats,
     oversized_requests: u64,
     uncached_blocks: u64,
+    /// Lower tiers, when configured, with the blocks each served.
+    tiers: Option<(Tiers<Simulated>, [u64; 2])>,
+    /// Transfers, reused from request to request.
+    transfers: Vec<kvbm_tiers::Transfer>,
 }
 
 impl CacheSim {
@@ -157,7 +226,80 @@ impl CacheSim {
             hits: HitStats::default(),
             oversized_requests: 0,
             uncached_blocks: 0,
+            tiers: None,
+            transfers: Vec::new(),
         })
+    }
+
+    /// Puts lower tiers below the cache.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::InvalidTiers`] for a tier smaller than a block or larger
+    /// than a pool may be.
+    pub fn add_tiers(&mut self, tiers: &CacheTiers) -> Result<(), SimError> {
+        let setup = tiers.setup();
+        let plans = setup.plan(self.manager.block_size())?;
+        let lower = (plans.iter())
+            .map(|plan| {
+                kvbm_tiers::TierConfig::new(plan.medium, plan.blocks)
+                    .with_offload(setup.offload.policy())
+            })
+            .collect();
+        let tiers = Tiers::new(self.manager.clone(), lower)
+            .map_err(|err| SimError::InvalidTiers(err.to_string()))?;
+        self.tiers = Some((tiers, [0; 2]));
+        Ok(())
+    }
+
+    /// Runs every planned transfer to completion at once (and those they
+    /// plan in turn); the loads' blocks, registered on the device.
+    fn complete_transfers(&mut self) -> Result<Vec<ImmutableBlocks<Simulated>>, SimError> {
+        let mut loaded = Vec::new();
+        let Some((tiers, _)) = &mut self.tiers else {
+            return Ok(loaded);
+        };
+        loop {
+            self.transfers.clear();
+            tiers.take_planned(&mut self.transfers);
+            if self.transfers.is_empty() {
+                return Ok(loaded);
+            }
+            for transfer in &self.transfers {
+                let settled = (tiers.complete(transfer.id))
+                    .map_err(|err| SimError::InvalidTiers(err.to_string()))?;
+                if let kvbm_tiers::Settled::Loaded { blocks, .. } = settled {
+                    loaded.push(blocks);
+                }
+            }
+        }
+    }
+
+    /// With lower tiers: brings the request's prefix past `held` (its
+    /// device hits) up from them, appending the loaded blocks to `held`.
+    fn onboard(
+        &mut self,
+        request: &WorkloadRequest<'_>,
+        held: &mut ImmutableBlocks<Simulated>,
+    ) -> Result<(), SimError> {
+        let Some((tiers, served)) = &mut self.tiers else {
+            return Ok(());
+        };
+        let rest = request.blocks.get(held.len()..).unwrap_or_default();
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let onboard = tiers.onboard(rest, rest.len());
+        for (level, &blocks) in onboard.loaded_from.iter().enumerate().skip(1) {
+            if let Some(slot) = served.get_mut(level - 1) {
+                *slot += blocks as u64;
+            }
+        }
+        let loaded = self.complete_transfers()?;
+        let more = self.manager.match_blocks(rest);
+        held.append(more).map_err(BlockError::from)?;
+        drop(loaded);
+        Ok(())
     }
 
     /// Replays one request: match, allocate, register, release tail first.
@@ -173,6 +315,12 @@ impl CacheSim {
     ) -> Result<RequestOutcome, SimError> {
         let block_size = self.manager.block_size();
         let mut held = self.manager.match_blocks(request.blocks);
+        if let Some((tiers, _)) = &mut self.tiers {
+            tiers.record_hits(&held);
+            tiers.write_back();
+            self.complete_transfers()?;
+            self.onboard(request, &mut held)?;
+        }
         let hit_blocks = held.len();
         self.hits.record(request, hit_blocks, block_size);
 
@@ -197,6 +345,10 @@ impl CacheSim {
                 .manager
                 .register_blocks(staged)
                 .map_err(BlockError::from)?;
+            if let Some((tiers, _)) = &mut self.tiers {
+                tiers.offload_batch(stored.clone());
+                self.complete_transfers()?;
+            }
             held.append(stored).map_err(BlockError::from)?;
         }
         // Dropping the batch releases it under one lock, last block first:
@@ -262,8 +414,33 @@ impl CacheSim {
             evictions: self.evictions(),
             oversized_requests: self.oversized_requests,
             uncached_blocks: self.uncached_blocks,
+            tiers: self.tier_figures(),
             replay_time: Duration::ZERO,
         }
+    }
+
+    /// What the lower tiers did (`None` without them).
+    fn tier_figures(&self) -> Option<CacheTierFigures> {
+        let (tiers, served) = self.tiers.as_ref()?;
+        let block_size = self.manager.block_size() as u64;
+        let mut figures = CacheTierFigures::default();
+        for (index, tier) in tiers.lower_ids().enumerate().take(2) {
+            let stats = tiers.stats(tier).unwrap_or_default();
+            let medium = tiers.config(tier).map_or("", |c| c.medium.as_str());
+            let tier_figures = TierHits {
+                blocks: tiers.config(tier).map_or(0, |c| c.blocks),
+                hit_blocks: served[index],
+                hit_tokens: served[index].saturating_mul(block_size),
+                stored_blocks: stats.stored_blocks,
+                evicted_blocks: stats.evicted_blocks,
+            };
+            if medium == "CPU" {
+                figures.host = Some(tier_figures);
+            } else {
+                figures.disk = Some(tier_figures);
+            }
+        }
+        Some(figures)
     }
 }
 
@@ -298,8 +475,49 @@ pub struct CacheReport {
     pub oversized_requests: u64,
     /// Missed blocks of oversized requests that were not cached.
     pub uncached_blocks: u64,
+    /// What the tiers below did, with any configured. Their hits are part
+    /// of [`hits`](Self::hits) too.
+    pub tiers: Option<CacheTierFigures>,
     /// Wall time of the replay, building the cache included.
     pub replay_time: Duration,
+}
+
+/// The lower tiers of a cache-mode replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheTierFigures {
+    /// The host tier, if any.
+    pub host: Option<TierHits>,
+    /// The disk tier, if any.
+    pub disk: Option<TierHits>,
+}
+
+/// What one lower tier did in cache mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierHits {
+    /// Its size in blocks.
+    pub blocks: usize,
+    /// Blocks of request prefixes it served (loaded onto the device).
+    pub hit_blocks: u64,
+    /// The same in tokens.
+    pub hit_tokens: u64,
+    /// Blocks stored into it.
+    pub stored_blocks: u64,
+    /// Blocks it evicted.
+    pub evicted_blocks: u64,
+}
+
+impl TierHits {
+    fn to_json(self) -> serde_json::Value {
+        json!({
+            "capacity_blocks": self.blocks,
+            "hit_blocks": self.hit_blocks,
+            "hit_tokens": self.hit_tokens,
+            "stored_blocks": self.stored_blocks,
+            "evicted_blocks": self.evicted_blocks,
+        })
+    }
 }
 
 impl CacheReport {
@@ -308,8 +526,23 @@ impl CacheReport {
         (self.capacity_blocks as u64).saturating_mul(self.block_size as u64)
     }
 
-    /// The report as one JSON object (the `--json` output).
+    /// The report as one JSON object (the `--json` output); with lower
+    /// tiers it gains `tiers` (`host`, `disk`), without it is as before.
     pub fn to_json(&self) -> serde_json::Value {
+        let mut report = self.json_without_tiers();
+        if let (Some(tiers), Some(map)) = (&self.tiers, report.as_object_mut()) {
+            let mut per_tier = serde_json::Map::new();
+            for (name, tier) in [("host", tiers.host), ("disk", tiers.disk)] {
+                if let Some(tier) = tier {
+                    per_tier.insert(name.to_owned(), tier.to_json());
+                }
+            }
+            map.insert("tiers".to_owned(), per_tier.into());
+        }
+        report
+    }
+
+    fn json_without_tiers(&self) -> serde_json::Value {
         json!({
             "mode": "cache",
             "block_size": self.block_size,
@@ -354,6 +587,21 @@ impl fmt::Display for CacheReport {
             self.eviction
         )?;
         hits.write_table(f, "hit", "")?;
+        if let Some(tiers) = &self.tiers {
+            for (name, tier) in [("host", tiers.host), ("disk", tiers.disk)] {
+                if let Some(tier) = tier {
+                    writeln!(
+                        f,
+                        "  {name} tier {} blocks: served {} blocks ({} tokens), stored {}, evicted {}",
+                        group(tier.blocks as u64),
+                        group(tier.hit_blocks),
+                        group(tier.hit_tokens),
+                        group(tier.stored_blocks),
+                        group(tier.evicted_blocks)
+                    )?;
+                }
+            }
+        }
         writeln!(
             f,
             "  evictions {}, preemptions 0, oversized requests {}, replay {:.1} ms",

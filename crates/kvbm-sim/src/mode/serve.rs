@@ -63,6 +63,7 @@ mod draws;
 mod latency;
 mod report;
 mod step_time;
+mod tier_report;
 mod tokens;
 
 use std::sync::Arc;
@@ -81,11 +82,13 @@ pub use self::latency::Latency;
 pub(crate) use self::report::latencies;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
 pub use self::step_time::StepTime;
+pub use self::tier_report::{OnboardFigures, TierFigures, TierReport};
 pub(crate) use self::tokens::shared_prompt;
 pub use self::tokens::{prompt_tokens, trace_token};
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
+use crate::tiers::LinkClock;
 use crate::trace::arrival_nanos;
-use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, Trace};
+use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, TierSetup, Trace};
 
 /// Finished requests between two progress reports.
 const PROGRESS_EVERY: u64 = 256;
@@ -132,6 +135,8 @@ pub struct ServeConfig {
     /// unless `--prometheus` or `--metrics-out` asks for them: a step then
     /// skips reading counts under the queue's and the pool's locks.
     pub metrics: bool,
+    /// Tiers below the GPU (host, disk) and their links; none by default.
+    pub tiers: TierSetup,
 }
 
 impl Default for ServeConfig {
@@ -147,6 +152,7 @@ impl Default for ServeConfig {
             seed: 0,
             priorities: None,
             metrics: true,
+            tiers: TierSetup::default(),
         }
     }
 }
@@ -209,6 +215,25 @@ impl ServeConfig {
         self
     }
 
+    /// Sets [`tiers`](Self::tiers).
+    pub fn with_tiers(mut self, tiers: TierSetup) -> Self {
+        self.tiers = tiers;
+        self
+    }
+
+    /// The scheduler of one engine over `manager`, with the lower tiers
+    /// configured.
+    pub(crate) fn scheduler(
+        &self,
+        manager: BlockManager<Simulated>,
+    ) -> Result<Scheduler<Simulated>, SimError> {
+        let scheduler = match (self.tiers).scheduler_config(self.block_size, &self.step_time)? {
+            None => Scheduler::new(manager, self.scheduler)?,
+            Some(tiers) => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
+        };
+        Ok(scheduler)
+    }
+
     /// Checks what a replay checks before it builds anything.
     ///
     /// # Errors
@@ -225,6 +250,7 @@ impl ServeConfig {
                 value: self.spec_accept,
             });
         }
+        self.tiers.plan(block_size)?;
         Ok(())
     }
 
@@ -283,7 +309,7 @@ pub fn replay_with_events(
         .block_size(block_size)
         .eviction(config.eviction.policy())
         .build()?;
-    let mut scheduler = Scheduler::new(manager, config.scheduler)?;
+    let mut scheduler = config.scheduler(manager)?;
     scheduler.set_metrics_enabled(config.metrics);
     progress.start("serving", trace.len() as u64);
     let mut sim = ServeSim::new(trace, config, scheduler)?;
@@ -317,6 +343,8 @@ struct Track {
     priority: Priority,
     /// Admitted and holding blocks, as far as the plans have said.
     running: bool,
+    /// When it began waiting for loads from a lower tier, `NEVER` if not.
+    onboarding_since: u64,
     outcome: ServeOutcome,
 }
 
@@ -349,6 +377,11 @@ pub(crate) struct ServeSim<'a> {
     counters: Counters,
     /// The pool's cache events, when someone listens.
     events: Option<EventTap>,
+    /// With tiers below the GPU: the transfers on their links.
+    links: Option<LinkClock>,
+    /// Transfer reports and plans, reused every step.
+    reports: Vec<(kvbm_tiers::TransferId, kvbm_tiers::Outcome)>,
+    transfers: Vec<kvbm_tiers::Transfer>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -373,6 +406,9 @@ struct Counters {
     unreported: u64,
     /// Prompt tokens of accepted requests without a first token yet.
     unprefilled_tokens: u64,
+    /// Requests that waited for loads, and how long in all (nanoseconds).
+    onboarded: u64,
+    stall: u64,
 }
 
 impl<'a> ServeSim<'a> {
@@ -432,9 +468,19 @@ impl<'a> ServeSim<'a> {
                     (None, None) => Priority::Normal,
                 },
                 running: false,
+                onboarding_since: NEVER,
                 outcome: ServeOutcome::Pending,
             });
         }
+        let plans = config.tiers.plan(config.block_size)?;
+        let links = if plans.is_empty() {
+            None
+        } else {
+            Some(LinkClock::new(
+                &plans,
+                config.tiers.block_bytes(config.block_size)?,
+            ))
+        };
         Ok(Self {
             trace,
             eviction: config.eviction,
@@ -452,6 +498,9 @@ impl<'a> ServeSim<'a> {
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
             events: None,
+            links,
+            reports: Vec::new(),
+            transfers: Vec::new(),
         })
     }
 
@@ -525,6 +574,28 @@ impl<'a> ServeSim<'a> {
         self.events = Some(EventTap::new(subscription));
     }
 
+    /// The next arrival or transfer end, whichever comes first.
+    pub(crate) fn next_event(&self) -> Option<u64> {
+        let transfer = self.links.as_ref().and_then(LinkClock::next_end);
+        match (self.next_arrival_time(), transfer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Reports every transfer that ended by now to the scheduler.
+    fn deliver_transfers(&mut self) -> Result<(), SimError> {
+        let Some(links) = &mut self.links else {
+            return Ok(());
+        };
+        self.reports.clear();
+        links.ended(self.now, &mut self.reports);
+        if !self.reports.is_empty() {
+            self.scheduler.report_transfers(&self.reports)?;
+        }
+        Ok(())
+    }
+
     fn next_arrival_time(&self) -> Option<u64> {
         let &index = self.arrivals.get(self.next_arrival)?;
         self.tracks.get(index).map(|track| track.arrival)
@@ -551,8 +622,9 @@ impl<'a> ServeSim<'a> {
             }
             let changed = self.advance(sink.as_deref_mut())?;
             if !changed {
-                // Nothing ran or moved: only an arrival can change that.
-                match self.next_arrival_time() {
+                // Nothing ran or moved: only an arrival or a transfer
+                // ending can change that.
+                match self.next_event() {
                     Some(time) => self.now = self.now.max(time),
                     None => return Err(self.stalled()),
                 }
@@ -576,6 +648,7 @@ impl<'a> ServeSim<'a> {
         &mut self,
         sink: Option<&mut (dyn EventSink + 's)>,
     ) -> Result<bool, SimError> {
+        self.deliver_transfers()?;
         // The plan's lists are reused from step to step.
         let mut plan = std::mem::take(&mut self.plan);
         self.scheduler.step_into(&mut plan)?;
@@ -687,6 +760,15 @@ impl<'a> ServeSim<'a> {
         for finished in &plan.finished {
             self.finish(finished.id, finished.reason, start);
         }
+        for &id in &plan.onboarding {
+            if let Some(track) = self.tracks.get_mut(id.0 as usize) {
+                track.onboarding_since = start;
+            }
+        }
+        if let Some(links) = &mut self.links {
+            // Stores and this step's loads start with the step.
+            links.start(start, &plan.transfers);
+        }
         // Admissions: a request the plan hands a fresh table that was not
         // running. Its work starts at its matched prefix.
         let admitted = plan
@@ -708,6 +790,11 @@ impl<'a> ServeSim<'a> {
                 continue; // a table swap after deduplication, not an admission
             }
             track.running = true;
+            if track.onboarding_since != NEVER {
+                self.counters.onboarded += 1;
+                self.counters.stall += start.saturating_sub(track.onboarding_since);
+                track.onboarding_since = NEVER;
+            }
             self.counters.running += 1;
             self.counters.admissions += 1;
             self.counters.admitted_hit_tokens += hits as u64;
@@ -772,6 +859,12 @@ impl<'a> ServeSim<'a> {
             self.counters.max_running = self.counters.max_running.max(self.counters.running);
         }
         self.now = end;
+        if let Some(links) = &mut self.links {
+            // What the step registered goes down as it ends.
+            self.transfers.clear();
+            self.scheduler.take_transfers(&mut self.transfers);
+            links.start(end, &self.transfers);
+        }
         self.counters.output_tokens += report.generated_tokens as u64;
         for id in &report.first_tokens {
             if let Some(track) = self.tracks.get_mut(id.0 as usize)
@@ -887,10 +980,52 @@ impl<'a> ServeSim<'a> {
             busy_time: Duration::from_nanos(counters.busy),
             replay_time: Duration::ZERO,
             kv_events: self.events.as_ref().map(EventTap::counts),
+            tiers: self.tier_report(),
             requests: timelines,
+        })
+    }
+
+    /// What the tiers below the GPU did (`None` without them).
+    fn tier_report(&self) -> Option<TierReport> {
+        let links = self.links.as_ref()?;
+        let tiers = self.scheduler.tiers()?;
+        let block_size = self.scheduler.manager().block_size() as u64;
+        let figures = (tiers.lower_ids().enumerate())
+            .map(|(index, tier)| {
+                let stats = tiers.stats(tier).unwrap_or_default();
+                let bytes = links.bytes.get(index).copied().unwrap_or_default();
+                TierFigures {
+                    medium: (tiers.config(tier)).map_or_else(String::new, |c| c.medium.clone()),
+                    capacity_blocks: tiers.config(tier).map_or(0, |c| c.blocks),
+                    hit_tokens: stats.loaded_blocks.saturating_mul(block_size),
+                    stored_blocks: stats.stored_blocks,
+                    loaded_blocks: stats.loaded_blocks,
+                    evicted_blocks: stats.evicted_blocks,
+                    bytes_stored: bytes[0],
+                    bytes_loaded: bytes[1],
+                    failed_loads: stats.failed_loads,
+                    skipped_stores: stats.skipped_stores,
+                }
+            })
+            .collect();
+        let onboard = self.scheduler.onboard_stats();
+        let counters = &self.counters;
+        Some(TierReport {
+            tiers: figures,
+            onboarding: OnboardFigures {
+                requests: onboard.requests,
+                blocks: onboard.blocks,
+                mean_stall: Duration::from_nanos(
+                    counters.stall.checked_div(counters.onboarded).unwrap_or(0),
+                ),
+                timeouts: onboard.timeouts,
+                declined: onboard.declined,
+            },
         })
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_tiers;

@@ -150,3 +150,44 @@ fn the_json_report_has_the_documented_fields() {
     assert!(text.contains("capacity unbounded (3 blocks)"), "{text}");
     assert!(text.contains("25.00%"), "{text}");
 }
+
+/// A host tier below a 3-block cache: a prompt pushed out of the cache
+/// comes back from the host, counted as a hit and under the host tier;
+/// without tiers the JSON report has no `tiers`.
+#[test]
+fn a_host_tier_serves_what_the_cache_evicted() {
+    let workload = workload(&[&[1, 2, 3], &[7, 8, 9], &[1, 2, 3]]);
+    let plain = CacheConfig::new(Capacity::Blocks(3), Eviction::Lru)
+        .run(&workload)
+        .unwrap();
+    assert_eq!(plain.hits.hit_blocks, 0);
+    assert!(plain.to_json().get("tiers").is_none());
+    let tiers = CacheTiers::default().with_host_tokens(8 * 512);
+    let host = CacheConfig::new(Capacity::Blocks(3), Eviction::Lru)
+        .with_tiers(tiers)
+        .run(&workload)
+        .unwrap();
+    assert_eq!(
+        host.hits.hit_blocks, 3,
+        "the whole first prompt, from the host"
+    );
+    let served = host.tiers.unwrap().host.unwrap();
+    assert_eq!((served.hit_blocks, served.hit_tokens), (3, 3 * 512));
+    assert_eq!(
+        served.stored_blocks, 6,
+        "write-through: every computed block"
+    );
+    assert_eq!(host.to_json()["tiers"]["host"]["hit_blocks"], 3);
+}
+
+#[test]
+fn cache_tiers_that_cannot_exist_are_refused() {
+    let workload = workload(&[&[1]]);
+    // Less than one 512-token block.
+    let tiers = CacheTiers::default().with_host_tokens(100);
+    let err = CacheConfig::new(Capacity::Blocks(3), Eviction::Lru)
+        .with_tiers(tiers)
+        .run(&workload)
+        .unwrap_err();
+    assert!(matches!(err, SimError::InvalidTiers(_)), "{err}");
+}

@@ -7,7 +7,7 @@ use kvbm_queue::{Census, Priority, SchedulerConfig};
 use serde_json::json;
 
 use super::latency::ms;
-use super::{Latency, StepTime};
+use super::{Latency, StepTime, TierReport};
 use crate::format::{group, percent};
 use crate::trace::ratio;
 use crate::{Eviction, HitStats, KvEventCounts};
@@ -188,6 +188,9 @@ pub struct ServeReport {
     /// The cache events published during the replay, when they were
     /// ([`replay_with_events`](super::replay_with_events)).
     pub kv_events: Option<KvEventCounts>,
+    /// What the tiers below the GPU did, with any configured
+    /// ([`ServeConfig::tiers`](super::ServeConfig::tiers)).
+    pub tiers: Option<TierReport>,
     /// Every trace request, in trace order.
     pub requests: Vec<RequestTimeline>,
 }
@@ -245,8 +248,20 @@ impl ServeReport {
         (self.capacity_blocks as u64).saturating_mul(self.block_size as u64)
     }
 
-    /// The report as one JSON object (the `--json` output).
+    /// The report as one JSON object (the `--json` output). With tiers
+    /// below the GPU it gains `tiers` (one object per tier) and
+    /// `onboarding`; without, it is exactly as before tiers existed.
     pub fn to_json(&self) -> serde_json::Value {
+        let mut report = self.json_without_tiers();
+        if let (Some(tiers), Some(map)) = (&self.tiers, report.as_object_mut()) {
+            let (per_tier, onboarding) = tiers.to_json();
+            map.insert("tiers".to_owned(), per_tier);
+            map.insert("onboarding".to_owned(), onboarding);
+        }
+        report
+    }
+
+    fn json_without_tiers(&self) -> serde_json::Value {
         json!({
             "mode": "serve",
             "block_size": self.block_size,
@@ -431,6 +446,9 @@ impl fmt::Display for ServeReport {
         }
         writeln!(f, "  TPOT  {}", self.tpot)?;
         writeln!(f, "  E2E   {}", self.e2e)?;
+        if let Some(tiers) = &self.tiers {
+            write!(f, "{tiers}")?;
+        }
         writeln!(f, "  replay {:.1} ms", ms(self.replay_time))
     }
 }
