@@ -40,6 +40,9 @@ pub(crate) enum Command {
     /// Route arrivals over N serve-mode engines, once per routing policy;
     /// compare latencies, hit rates and load balance.
     Cluster(Box<ClusterArgs>),
+    /// Serve once without a host tier and once per host-tier size; write a
+    /// table and an SVG plot of mean TTFT and hit rate against its size.
+    TierSweep(Box<TierSweepArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -141,6 +144,53 @@ pub(crate) struct SweepArgs {
     /// Print the results as one JSON object instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TierSweepArgs {
+    #[command(flatten)]
+    pub(crate) trace: ReplayTraceArgs,
+    /// Host-tier sizes as multiples of the GPU pool, comma-separated
+    /// (one run each, after one without a host tier).
+    #[arg(
+        long,
+        value_name = "X,...",
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16",
+        conflicts_with = "host_tokens"
+    )]
+    pub(crate) host_multiples: Vec<f64>,
+    /// Host-tier sizes in tokens instead, comma-separated (12M, 48M).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = Capacity::parse_count)]
+    pub(crate) host_tokens: Option<Vec<u64>>,
+    /// Runs replayed at once [default: one per core].
+    #[arg(long, value_name = "N")]
+    pub(crate) threads: Option<usize>,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+    /// Directory for tier_sweep.csv, tier_sweep.md and tier_sweep.svg
+    /// (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: PathBuf,
+    /// Print the results as one JSON object instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl TierSweepArgs {
+    pub(crate) fn config(&self) -> Result<kvbm_sim::TierSweepConfig, SimError> {
+        use kvbm_sim::HostTierSize;
+        let sizes = match &self.host_tokens {
+            Some(tokens) => tokens.iter().map(|&t| HostTierSize::Tokens(t)).collect(),
+            None => (self.host_multiples.iter())
+                .map(|&m| HostTierSize::Multiple(m))
+                .collect(),
+        };
+        let engine = self.engine.config()?.with_metrics(false);
+        Ok(kvbm_sim::TierSweepConfig::new(engine)
+            .with_sizes(sizes)
+            .with_threads(self.threads))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -379,6 +429,16 @@ pub(crate) struct ClusterArgs {
         default_value_t = ClusterConfig::DEFAULT_MEMORY_BUDGET as f64 / 1e9
     )]
     pub(crate) memory_limit_gb: f64,
+    /// A pool of N tokens every engine shares below its own tiers
+    /// (Mooncake's store), reached over the network [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) global_pool_tokens: Option<u64>,
+    /// Each engine's network link to the shared pool, Gbit/s per direction.
+    #[arg(long, value_name = "GBPS", default_value_t = Link::NETWORK_100G.gbps)]
+    pub(crate) network_gbps: f64,
+    /// Setup time of each network transfer, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = Link::NETWORK_100G.setup_us)]
+    pub(crate) network_setup_us: f64,
     /// Directory for cluster.svg and cluster.json (created if missing).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -389,12 +449,21 @@ pub(crate) struct ClusterArgs {
 
 impl ClusterArgs {
     pub(crate) fn config(&self) -> Result<ClusterConfig, SimError> {
-        ClusterConfig::new(self.engines, self.engine.config()?)
+        let mut config = ClusterConfig::new(self.engines, self.engine.config()?)
             .with_policies(self.policies.clone())
             .with_overlap_weight(self.overlap_weight)
             .with_temperature(self.temperature)
             .with_threads(self.threads)
-            .with_memory_limit_gb(self.memory_limit_gb)
+            .with_network(Link {
+                gbps: self.network_gbps,
+                setup_us: self.network_setup_us,
+            })
+            .with_memory_limit_gb(self.memory_limit_gb)?;
+        if let Some(tokens) = self.global_pool_tokens {
+            config = config.with_global_pool_tokens(tokens);
+        }
+        config.validate()?;
+        Ok(config)
     }
 }
 
@@ -481,7 +550,7 @@ pub(crate) fn parse_reserve(text: &str) -> Result<GenerationReserve, String> {
 
 /// Lists the routing policy names in `--help` and parses them with the library.
 fn policy_parser() -> impl TypedValueParser<Value = PolicyKind> {
-    PossibleValuesParser::new(PolicyKind::ALL.map(PolicyKind::name))
+    PossibleValuesParser::new(PolicyKind::NAMED.map(PolicyKind::name))
         .try_map(|name| PolicyKind::parse(&name))
 }
 

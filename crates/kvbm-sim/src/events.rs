@@ -21,6 +21,18 @@ pub trait EventSink {
     /// Whatever the sink cannot do (a socket error): the replay stops with it.
     fn publish(&mut self, message: &EventMessage) -> Result<(), SimError>;
 
+    /// Publishes one message of a lower tier's pool (`medium`: `"CPU"`,
+    /// `"DISK"`): its stores and removals, to be sent with that medium. The
+    /// default drops them (a sink that speaks for the device only).
+    ///
+    /// # Errors
+    ///
+    /// As [`publish`](Self::publish).
+    fn publish_on(&mut self, medium: &str, message: &EventMessage) -> Result<(), SimError> {
+        let _ = (medium, message);
+        Ok(())
+    }
+
     /// Called once the replay's last step is published: a sink that works
     /// in the background finishes here (the replay's time includes it).
     ///
@@ -30,6 +42,16 @@ pub trait EventSink {
     fn finish(&mut self) -> Result<(), SimError> {
         Ok(())
     }
+}
+
+/// Whether `message` is the resync a subscription opens with, of a pool
+/// still empty. Sent for a lower tier, vLLM's wire can only say it as
+/// `AllBlocksCleared`, which a router applies to every medium of the
+/// engine, its device blocks included: a lower tier's sink skips it (there
+/// is nothing to forget).
+pub(crate) fn is_empty_opening(message: &EventMessage) -> bool {
+    matches!(message, EventMessage::Resync(resync)
+        if resync.registered.is_empty() && resync.missed_batches == 0)
 }
 
 /// What a replay's event stream held (the JSON report's `kv_events`).
@@ -73,6 +95,18 @@ impl KvEventCounts {
         }
     }
 
+    /// Both streams' counts together.
+    pub fn plus(&self, other: &Self) -> Self {
+        Self {
+            batches: self.batches + other.batches,
+            stored_blocks: self.stored_blocks + other.stored_blocks,
+            removed_blocks: self.removed_blocks + other.removed_blocks,
+            cleared: self.cleared + other.cleared,
+            resyncs: self.resyncs + other.resyncs,
+            missed_batches: self.missed_batches + other.missed_batches,
+        }
+    }
+
     /// The counts as the JSON report's `kv_events` object.
     pub fn to_json(&self) -> serde_json::Value {
         json!({
@@ -112,6 +146,24 @@ impl EventTap {
             };
             self.counts.record(&message);
             sink.publish(&message)?;
+        }
+        Ok(())
+    }
+
+    /// [`pump`](Self::pump) of a lower tier's pool: each message goes to
+    /// [`EventSink::publish_on`] with `medium`.
+    pub(crate) fn pump_on(
+        &mut self,
+        medium: &str,
+        sink: &mut dyn EventSink,
+    ) -> Result<(), SimError> {
+        let receiver = self.subscription.receiver();
+        while !receiver.is_empty() {
+            let Some(message) = self.subscription.try_recv() else {
+                break;
+            };
+            self.counts.record(&message);
+            sink.publish_on(medium, &message)?;
         }
         Ok(())
     }

@@ -129,6 +129,7 @@ mod plot;
 mod progress;
 mod stats;
 mod sweep;
+mod tier_sweep;
 mod tiers;
 mod trace;
 #[cfg(feature = "kv-events")]
@@ -143,7 +144,7 @@ pub use mode::cache::{
     CacheConfig, CacheOccupancy, CacheReport, CacheSim, CacheTierFigures, CacheTiers,
     RequestOutcome, TierHits,
 };
-pub use mode::cluster::{ClusterConfig, ClusterReport, ClusterRun, PolicyKind};
+pub use mode::cluster::{ClusterConfig, ClusterReport, ClusterRun, ClusterTiers, PolicyKind};
 pub use mode::serve::{
     AdmissionStats, Latency, PriorityMix, RequestTimeline, ServeConfig, ServeOutcome, ServeReport,
     StepTime, priority_from_vllm, prompt_tokens, trace_token,
@@ -151,6 +152,9 @@ pub use mode::serve::{
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;
 pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};
+pub use tier_sweep::{
+    HostTierSize, TierPoint, TierSweep, TierSweepConfig, TierSweepFiles, tier_sweep,
+};
 pub use tiers::{Link, Offload, STORE_WINDOW_MS, TierSetup};
 pub use trace::{
     CONVERSATION_EXCERPT, MAX_TIMESTAMP_MS, TRACE_BLOCK_TOKENS, Trace, TraceRequest, TraceSummary,

@@ -49,6 +49,7 @@ fn main() -> ExitCode {
         Some(Command::Sweep(args)) => run_sweep(&args, &mut out, &mut progress),
         Some(Command::Serve(args)) => run_serve(&args, &mut out, &mut progress),
         Some(Command::Cluster(args)) => run_cluster(&args, &mut out, &mut progress),
+        Some(Command::TierSweep(args)) => run_tier_sweep(&args, &mut out, &mut progress),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -234,6 +235,64 @@ fn run_cluster(
         report.write_to(dir)?;
     }
     write_replay(out, args.json, &loaded, report.to_json(), &report)
+}
+
+fn run_tier_sweep(
+    args: &cli::TierSweepArgs,
+    out: &mut impl Write,
+    progress: &mut Bar,
+) -> Result<(), Failure> {
+    let config = args.config()?;
+    // Refuse bad sizes before loading the trace.
+    config.host_tokens()?;
+    let loaded = load_replay(&args.trace, progress)?;
+    let sweep = kvbm_sim::tier_sweep(&loaded.trace, &config, progress)?;
+    let files = sweep.write_to(&args.out)?;
+    if args.json {
+        let mut json = with_source(sweep.to_json(), &loaded);
+        if let Some(object) = json.as_object_mut() {
+            object.insert(
+                "files".to_owned(),
+                serde_json::json!([files.csv, files.markdown, files.svg]),
+            );
+        }
+        writeln!(out, "{json}")?;
+        return Ok(());
+    }
+    write_trace_summary(out, &loaded, None)?;
+    let engine = &config.engine;
+    writeln!(
+        out,
+        "serve mode by host-tier size: GPU pool {} tokens, block size {}, offload {}, \
+         {} KV bytes per token, host link {} Gbit/s\n",
+        sweep.gpu_tokens,
+        sweep.block_size,
+        engine.tiers.offload,
+        engine.tiers.kv_bytes_per_token,
+        engine.tiers.host_link.gbps,
+    )?;
+    write!(out, "{}", sweep.to_markdown())?;
+    let replays: Vec<String> = (sweep.points.iter())
+        .map(|point| {
+            format!(
+                "{} {:.1} s",
+                point.label(),
+                point.report.replay_time.as_secs_f64()
+            )
+        })
+        .collect();
+    writeln!(
+        out,
+        "\n{} replays on {} threads in {:.1} s ({}); wrote {}, {} and {}",
+        sweep.points.len(),
+        sweep.threads,
+        sweep.wall_time.as_secs_f64(),
+        replays.join(", "),
+        files.csv.display(),
+        files.markdown.display(),
+        files.svg.display()
+    )?;
+    Ok(())
 }
 
 /// A serve or cluster report: its JSON (with where the trace came from), or

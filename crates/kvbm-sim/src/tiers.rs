@@ -104,13 +104,15 @@ pub struct Link {
 }
 
 impl Link {
-    /// PCIe 5.0 x16 (see [the module docs](self)).
+    /// PCIe 5.0 x16 (400 Gbit/s, 10 µs per transfer; sources in this
+    /// module's docs).
     pub const PCIE5_X16: Self = Self {
         gbps: 400.0,
         setup_us: 10.0,
     };
 
-    /// One NVMe drive on PCIe 4.0 x4 (see [the module docs](self)).
+    /// One NVMe drive on PCIe 4.0 x4 (56 Gbit/s, 100 µs per transfer;
+    /// sources in this module's docs).
     pub const NVME_GEN4: Self = Self {
         gbps: 56.0,
         setup_us: 100.0,
@@ -127,7 +129,16 @@ impl Link {
         }
     }
 
-    fn validate(&self, which: &'static str) -> Result<(), SimError> {
+    /// A 100 Gbit/s network link with 20 µs per transfer: one 100 GbE or
+    /// RDMA NIC's share per engine (Mooncake's nodes have 8 × 400 Gbit/s
+    /// NICs for 8 GPUs; a 100 Gbit/s share is the conservative end), and
+    /// an RDMA read's setup of a few µs plus the store's software path.
+    pub const NETWORK_100G: Self = Self {
+        gbps: 100.0,
+        setup_us: 20.0,
+    };
+
+    pub(crate) fn validate(&self, which: &'static str) -> Result<(), SimError> {
         // Up to 1 Pbit/s and a second of setup: anything past is a typo.
         if !(self.gbps.is_finite() && self.gbps > 0.0 && self.gbps <= 1e6) {
             return Err(SimError::InvalidTiers(format!(
@@ -178,6 +189,9 @@ impl Default for TierSetup {
         }
     }
 }
+
+/// The medium of a pool several engines share (a cluster's store).
+pub(crate) const REMOTE: &str = "REMOTE";
 
 /// One lower tier as a replay builds it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -301,6 +315,42 @@ impl TierSetup {
         let cost = LoadCost::new(step_time.per_prefill_token.as_secs_f64(), links);
         Ok(Some(TiersConfig::new(lower).with_cost(cost)))
     }
+
+    /// [`scheduler_config`](Self::scheduler_config) with, below the
+    /// engine's own tiers, a pool `remote` shares with other engines (a
+    /// cluster's store, medium `"REMOTE"`), reached over `link`.
+    ///
+    /// # Errors
+    ///
+    /// As [`plan`](Self::plan).
+    pub(crate) fn scheduler_config_with_remote(
+        &self,
+        block_size: usize,
+        step_time: &StepTime,
+        remote: Option<(&kvbm_blocks::BlockManager<kvbm_tiers::Lower>, Link)>,
+    ) -> Result<Option<TiersConfig>, SimError> {
+        let own = self.scheduler_config(block_size, step_time)?;
+        let Some((pool, link)) = remote else {
+            return Ok(own);
+        };
+        let block_bytes = self.block_bytes(block_size)?;
+        let prefill_token_s = step_time.per_prefill_token.as_secs_f64();
+        let mut config = own.unwrap_or_else(|| {
+            TiersConfig::new(Vec::new()).with_cost(LoadCost::new(prefill_token_s, Vec::new()))
+        });
+        config.lower.push(
+            TierConfig::shared(REMOTE, pool)
+                .with_offload(self.offload.policy())
+                .with_max_incoming_blocks(incoming_window(link, block_bytes)),
+        );
+        if let Some(cost) = &mut config.cost {
+            cost.links.push(LinkCost {
+                setup_s: link.setup_us / 1e6,
+                block_s: block_bytes as f64 * 8.0 / (link.gbps * 1e9),
+            });
+        }
+        Ok(Some(config))
+    }
 }
 
 /// How long a link's stores may queue: the blocks on their way into a tier
@@ -311,7 +361,7 @@ impl TierSetup {
 pub const STORE_WINDOW_MS: f64 = 100.0;
 
 /// Blocks `link` moves in [`STORE_WINDOW_MS`], at least 1.
-fn incoming_window(link: Link, block_bytes: u64) -> usize {
+pub(crate) fn incoming_window(link: Link, block_bytes: u64) -> usize {
     let bytes = link.gbps * 1e9 / 8.0 * STORE_WINDOW_MS / 1e3;
     let blocks = (bytes / block_bytes.max(1) as f64).floor();
     if blocks >= 1e9 {
@@ -342,6 +392,12 @@ impl LinkClock {
             ends: BinaryHeap::new(),
             bytes: vec![[0, 0]; plans.len()],
         }
+    }
+
+    /// One more lower tier's link, below the others.
+    pub(crate) fn push(&mut self, link: Link) {
+        self.links.push((link, [0, 0]));
+        self.bytes.push([0, 0]);
     }
 
     /// Starts `transfers` at `now`, each behind what its link direction

@@ -7,6 +7,7 @@
 //! and goes on. When that thread falls behind, the engine waits (a replay
 //! must not lose events; the channel's bound keeps memory bounded).
 
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,14 +40,31 @@ pub struct ZmqEventSink {
 /// the engine allocates all the time, so freeing them on the publishing
 /// thread slowed the engine by a third.
 struct Handoff {
-    sender: Sender<Vec<EventMessage>>,
-    returned: Receiver<Vec<EventMessage>>,
-    waiting: Vec<EventMessage>,
+    sender: Sender<Vec<Tagged>>,
+    returned: Receiver<Vec<Tagged>>,
+    waiting: Vec<Tagged>,
+    /// The lower tiers' media seen so far (shared, so a message's tag costs
+    /// no allocation).
+    media: Vec<Arc<str>>,
 }
 
+/// A message and the medium it is sent with (`None`: the device's, as the
+/// sink's `WireFormat` says).
+type Tagged = (Option<Arc<str>>, EventMessage);
+
 impl Handoff {
-    fn push(&mut self, message: &EventMessage) -> Result<(), SimError> {
-        self.waiting.push(message.clone());
+    fn push(&mut self, medium: Option<&str>, message: &EventMessage) -> Result<(), SimError> {
+        let medium = medium.map(
+            |name| match self.media.iter().find(|known| &***known == name) {
+                Some(known) => Arc::clone(known),
+                None => {
+                    let known: Arc<str> = Arc::from(name);
+                    self.media.push(Arc::clone(&known));
+                    known
+                }
+            },
+        );
+        self.waiting.push((medium, message.clone()));
         if self.waiting.len() >= PER_HANDOFF {
             self.hand_off()?;
         }
@@ -166,7 +184,7 @@ impl ZmqEventSink {
     }
 
     fn start(publisher: Publisher, format: WireFormat) -> Result<State, SimError> {
-        let (sender, receiver) = crossbeam_channel::bounded::<Vec<EventMessage>>(IN_FLIGHT);
+        let (sender, receiver) = crossbeam_channel::bounded::<Vec<Tagged>>(IN_FLIGHT);
         // Room for every handoff, so the publishing thread never waits to
         // give one back.
         let (give_back, returned) = crossbeam_channel::bounded(IN_FLIGHT + 2);
@@ -174,11 +192,28 @@ impl ZmqEventSink {
             .name("kv-events".to_owned())
             .spawn(move || {
                 let mut publisher = publisher;
+                // The device's format, and one per lower tier's medium.
+                let mut formats: Vec<(Arc<str>, WireFormat)> = Vec::new();
                 for messages in receiver {
-                    for message in &messages {
+                    for (medium, message) in &messages {
                         // Stamped like vLLM's (`time.time()`): wall-clock seconds.
                         let ts = (SystemTime::now().duration_since(UNIX_EPOCH))
                             .map_or(0.0, |since| since.as_secs_f64());
+                        let format = match medium {
+                            None => &format,
+                            Some(medium) => {
+                                let at = match formats.iter().position(|(m, _)| m == medium) {
+                                    Some(at) => at,
+                                    None => {
+                                        let tier =
+                                            (format.clone()).with_medium(Some(medium.to_string()));
+                                        formats.push((Arc::clone(medium), tier));
+                                        formats.len() - 1
+                                    }
+                                };
+                                &formats[at].1
+                            }
+                        };
                         publisher.publish_payload(format.encode(message, ts)?)?;
                     }
                     // Full only if the engine stopped taking them back: then
@@ -194,22 +229,41 @@ impl ZmqEventSink {
             sender,
             returned,
             waiting: Vec::with_capacity(PER_HANDOFF),
+            media: Vec::new(),
         };
         Ok(State::Running(handoff, thread))
     }
 }
 
-impl EventSink for ZmqEventSink {
-    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+impl ZmqEventSink {
+    /// Hands `message` to the publishing thread (starting it at the first),
+    /// to go out with `medium` (`None`: the device's).
+    fn send(&mut self, medium: Option<&str>, message: &EventMessage) -> Result<(), SimError> {
         if let State::Ready(..) = self.state
             && let State::Ready(publisher, format) = std::mem::replace(&mut self.state, State::Done)
         {
             self.state = Self::start(publisher, format)?;
         }
         match &mut self.state {
-            State::Running(handoff, _) => handoff.push(message),
+            State::Running(handoff, _) => handoff.push(medium, message),
             State::Ready(..) | State::Finished(_) | State::Done => Err(hung_up()),
         }
+    }
+}
+
+impl EventSink for ZmqEventSink {
+    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        self.send(None, message)
+    }
+
+    /// A lower tier's stores and removals go out on the same stream, with
+    /// their medium (`"CPU"`, `"DISK"`) in every event, as vLLM's
+    /// offloading connector publishes its tiers'.
+    fn publish_on(&mut self, medium: &str, message: &EventMessage) -> Result<(), SimError> {
+        if crate::events::is_empty_opening(message) {
+            return Ok(());
+        }
+        self.send(Some(medium), message)
     }
 
     fn finish(&mut self) -> Result<(), SimError> {

@@ -12,12 +12,15 @@ pub struct TiersAudit {
     pub in_flight: usize,
     /// Blocks held as destinations of transfers in flight.
     pub landing_blocks: usize,
-    /// Per lower tier: its pool's audit.
-    pub pools: Vec<kvbm_blocks::PoolAudit>,
+    /// Per lower tier with a pool of its own: its pool's audit (a shared
+    /// pool is left to whoever shares it out: auditing it once per sharer
+    /// would cost a pass over it each).
+    pub pools: Vec<(crate::TierId, kvbm_blocks::PoolAudit)>,
 }
 
 impl<D> Tiers<D> {
-    /// Recounts everything: each lower pool's own conservation, that the
+    /// Recounts everything: each lower pool's own conservation (shared
+    /// pools excepted, see [`TiersAudit::pools`]), that the
     /// hashes on their way into each tier (and up to the device) are exactly
     /// those of the transfers in flight that go there, that a transfer's
     /// sources and destinations are in the right tiers, and that planned
@@ -30,12 +33,15 @@ impl<D> Tiers<D> {
     pub fn audit(&self) -> Result<TiersAudit, TierError> {
         let violated = |what: String| Err(TierError::InvariantViolated(what));
         let mut audit = TiersAudit::default();
-        for tier in &self.lower {
+        for (id, tier) in self.lower_ids().zip(&self.lower) {
+            if tier.config.shared_pool().is_some() {
+                continue;
+            }
             let pool = tier.pool.audit().map_err(|source| TierError::Pool {
                 medium: tier.config.medium.clone(),
                 source,
             })?;
-            audit.pools.push(pool);
+            audit.pools.push((id, pool));
         }
         let mut incoming: Vec<HashSet<u128>> = vec![HashSet::new(); self.lower.len()];
         let mut loading = 0usize;

@@ -1,9 +1,23 @@
 //! [`TierConfig`] and [`OffloadPolicy`]: what a lower tier holds and what it
 //! takes from the tier above.
 
-use kvbm_blocks::{EvictionPolicy, FrequencySketch, MAX_BLOCKS};
+use kvbm_blocks::{BlockManager, EvictionPolicy, FrequencySketch, MAX_BLOCKS};
 
-use crate::TierError;
+use crate::{Lower, TierError};
+
+/// A lower tier's pool that several [`Tiers`](crate::Tiers) share (a
+/// cluster-wide store, as Mooncake's pools its nodes' memory): two
+/// configurations are equal when they name the same pool.
+#[derive(Clone, Debug)]
+pub(crate) struct SharedPool(pub(crate) BlockManager<Lower>);
+
+impl PartialEq for SharedPool {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same_pool(&other.0)
+    }
+}
+
+impl Eq for SharedPool {}
 
 /// When a lower tier takes a copy of a block from the tier above it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +61,8 @@ pub struct TierConfig {
     /// Under [`OffloadPolicy::WriteBack`], the free blocks the tier above
     /// keeps by writing its coldest cached blocks down.
     pub write_back_headroom: usize,
+    /// The pool, when it is shared with other `Tiers` ([`shared`](Self::shared)).
+    pub(crate) pool: Option<SharedPool>,
 }
 
 impl TierConfig {
@@ -60,7 +76,26 @@ impl TierConfig {
             offload: OffloadPolicy::WriteThrough,
             max_incoming_blocks: 4096,
             write_back_headroom: 64,
+            pool: None,
         }
+    }
+
+    /// A tier named `medium` whose pool is `pool`, shared with every other
+    /// [`Tiers`](crate::Tiers) given it (engines sharing a cluster-wide
+    /// store): what one stores, all can load. Each `Tiers` keeps its own
+    /// books of what it has on the way in, so two may store the same block
+    /// at once; the second registration then finds the first and frees its
+    /// copy. Its size is the pool's; its eviction policy the pool's own.
+    pub fn shared(medium: impl Into<String>, pool: &BlockManager<Lower>) -> Self {
+        Self {
+            pool: Some(SharedPool(pool.clone())),
+            ..Self::new(medium, pool.total_blocks())
+        }
+    }
+
+    /// The pool of a [`shared`](Self::shared) tier.
+    pub fn shared_pool(&self) -> Option<&BlockManager<Lower>> {
+        self.pool.as_ref().map(|pool| &pool.0)
     }
 
     /// Sets [`offload`](Self::offload).

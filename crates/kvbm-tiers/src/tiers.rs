@@ -92,15 +92,28 @@ impl<D> Tiers<D> {
         let tiers = lower
             .into_iter()
             .map(|config| {
-                let pool = BlockManager::builder()
-                    .block_count(config.blocks)
-                    .block_size(device.block_size())
-                    .eviction(config.eviction)
-                    .build()
-                    .map_err(|source| TierError::Pool {
-                        medium: config.medium.clone(),
-                        source,
-                    })?;
+                let pool = match config.shared_pool() {
+                    Some(pool) if pool.block_size() == device.block_size() => pool.clone(),
+                    Some(pool) => {
+                        return Err(TierError::InvalidTier {
+                            medium: config.medium.clone(),
+                            reason: format!(
+                                "a shared pool of {}-token blocks below {}-token device blocks",
+                                pool.block_size(),
+                                device.block_size()
+                            ),
+                        });
+                    }
+                    None => BlockManager::builder()
+                        .block_count(config.blocks)
+                        .block_size(device.block_size())
+                        .eviction(config.eviction)
+                        .build()
+                        .map_err(|source| TierError::Pool {
+                            medium: config.medium.clone(),
+                            source,
+                        })?,
+                };
                 Ok(LowerTier {
                     config,
                     pool,
@@ -191,6 +204,19 @@ impl<D> Tiers<D> {
             }
         }
         held
+    }
+
+    /// Sends the cache events each lower tier's own pool has pending to its
+    /// subscribers (one batch per pool), as a scheduler flushes the
+    /// device's once a step; shared pools are left to whoever shares them.
+    pub fn flush_events(&self) {
+        for tier in self
+            .lower
+            .iter()
+            .filter(|t| t.config.shared_pool().is_none())
+        {
+            tier.pool.flush_events();
+        }
     }
 
     /// Hands out the transfers planned since the last call, in planning

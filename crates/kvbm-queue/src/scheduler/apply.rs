@@ -94,8 +94,11 @@ impl<M> Scheduler<M> {
         debug!(step, finished = report.finished.len(), "step applied");
         self.record_metrics();
         // One batch of cache events per step, for the pool's subscribers
-        // (one atomic load when there are none).
+        // (one atomic load when there are none), and one per lower tier.
         self.manager.flush_events();
+        if let Some(tiers) = &self.tiers {
+            tiers.flush_events();
+        }
         Ok(report)
     }
 

@@ -20,11 +20,14 @@
 //! Request keys are the engines' chained block hashes of the prompt's full
 //! blocks (`kvbm_sequence`'s, unsalted), sent as 64-bit integers.
 
+mod global_kv;
 mod memory;
 mod plot;
 mod report;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_tiers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,16 +39,19 @@ use kvbm_blocks::{BlockManager, EventMessage, MAX_BLOCKS};
 use kvbm_events::{HashForm, WireFormat};
 use kvbm_queue::Scheduler;
 use kvbm_router::{
-    KvAware, LeastLoaded, Policy, Random, RoundRobin, RouteRequest, Router, WorkerId, WorkerLoad,
-    block_key,
+    KvAware, LeastLoaded, Policy, PrefixIndex, Random, RoundRobin, RouteRequest, Router, WorkerId,
+    WorkerLoad, block_key,
 };
 use kvbm_sequence::{Salt, block_hash, chain_hash};
+use kvbm_tiers::Lower;
 
-pub use self::report::{ClusterReport, ClusterRun};
+use self::global_kv::{GlobalCosts, GlobalFeed, GlobalKv};
+pub use self::report::{ClusterReport, ClusterRun, ClusterTiers};
 use super::serve::{ServeConfig, ServeSim, Simulated, shared_prompt};
 #[cfg(test)]
 use crate::ServeOutcome;
-use crate::{EventSink, SimError, Trace};
+use crate::events::{EventTap, SUBSCRIPTION_CAPACITY};
+use crate::{EventSink, Link, SimError, Trace};
 
 /// A routing policy of [`ClusterConfig::policies`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +65,10 @@ pub enum PolicyKind {
     LeastLoaded,
     /// Dynamo's cost: overlap weight × prefill blocks + decode blocks.
     KvAware,
+    /// Mooncake's global cache-aware scheduling: the shortest estimated
+    /// time to first token, a prefix in the cluster's shared pool
+    /// (`--global-pool-tokens`) fetched over the network.
+    GlobalKv,
 }
 
 impl PolicyKind {
@@ -70,6 +80,16 @@ impl PolicyKind {
         PolicyKind::KvAware,
     ];
 
+    /// Every policy, [`ALL`](Self::ALL) and then those that read a shared
+    /// pool.
+    pub const NAMED: [PolicyKind; 5] = [
+        PolicyKind::Random,
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoaded,
+        PolicyKind::KvAware,
+        PolicyKind::GlobalKv,
+    ];
+
     /// The command-line name.
     pub fn name(self) -> &'static str {
         match self {
@@ -77,6 +97,7 @@ impl PolicyKind {
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::LeastLoaded => "least-loaded",
             PolicyKind::KvAware => "kv-aware",
+            PolicyKind::GlobalKv => "global-kv",
         }
     }
 
@@ -86,7 +107,7 @@ impl PolicyKind {
     ///
     /// [`SimError::UnknownPolicy`] for any other name.
     pub fn parse(name: &str) -> Result<Self, SimError> {
-        (Self::ALL.into_iter())
+        (Self::NAMED.into_iter())
             .find(|policy| policy.name() == name.trim())
             .ok_or_else(|| SimError::UnknownPolicy {
                 name: name.to_owned(),
@@ -120,6 +141,14 @@ pub struct ClusterConfig {
     /// [`DEFAULT_MEMORY_BUDGET`](Self::DEFAULT_MEMORY_BUDGET); at most
     /// [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET)).
     pub memory_budget: u64,
+    /// Tokens of a pool every engine shares below its own tiers, as
+    /// Mooncake's store pools its nodes' DRAM and SSD (medium `"REMOTE"`):
+    /// engines offload into it and load from it over their network link.
+    /// `None` (the default): no shared pool.
+    pub global_pool_tokens: Option<u64>,
+    /// Each engine's network link to the shared pool (default
+    /// [`Link::NETWORK_100G`]).
+    pub network: Link,
 }
 
 impl Default for ClusterConfig {
@@ -132,6 +161,8 @@ impl Default for ClusterConfig {
             temperature: 0.0,
             threads: None,
             memory_budget: Self::DEFAULT_MEMORY_BUDGET,
+            global_pool_tokens: None,
+            network: Link::NETWORK_100G,
         }
     }
 }
@@ -159,6 +190,34 @@ impl ClusterConfig {
             engine,
             ..Self::default()
         }
+    }
+
+    /// Sets [`global_pool_tokens`](Self::global_pool_tokens).
+    pub fn with_global_pool_tokens(mut self, tokens: u64) -> Self {
+        self.global_pool_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets [`network`](Self::network).
+    pub fn with_network(mut self, link: Link) -> Self {
+        self.network = link;
+        self
+    }
+
+    /// The shared pool's size in blocks, checked (`None` without one).
+    fn global_pool_blocks(&self) -> Result<Option<usize>, SimError> {
+        let Some(tokens) = self.global_pool_tokens else {
+            return Ok(None);
+        };
+        self.network.validate("network")?;
+        let block_size = self.engine.block_size.max(1) as u64;
+        let blocks = tokens / block_size;
+        if blocks == 0 || blocks > MAX_BLOCKS as u64 {
+            return Err(SimError::InvalidTiers(format!(
+                "a shared pool of {tokens} tokens is {blocks} blocks of {block_size} (1 to {MAX_BLOCKS})"
+            )));
+        }
+        Ok(Some(blocks as usize))
     }
 
     /// Compares `policies` (one replay each, in this order).
@@ -258,6 +317,7 @@ impl ClusterConfig {
             }
         }
         self.engine.validate()?;
+        self.global_pool_blocks()?;
         let capacity_blocks = self
             .engine
             .capacity
@@ -280,9 +340,13 @@ impl ClusterConfig {
         Ok(capacity_blocks)
     }
 
-    fn policy(&self, kind: PolicyKind) -> Box<dyn Policy> {
+    fn policy(
+        &self,
+        kind: PolicyKind,
+        pool: &Arc<PrefixIndex>,
+    ) -> Result<Box<dyn Policy>, SimError> {
         let seed = self.engine.seed;
-        match kind {
+        Ok(match kind {
             PolicyKind::Random => Box::new(Random::new(seed)),
             PolicyKind::RoundRobin => Box::new(RoundRobin::new()),
             PolicyKind::LeastLoaded => Box::new(LeastLoaded),
@@ -291,7 +355,40 @@ impl ClusterConfig {
                     .with_overlap_weight(self.overlap_weight)
                     .with_temperature(self.temperature),
             ),
-        }
+            PolicyKind::GlobalKv => {
+                let block_bits =
+                    self.engine.tiers.block_bytes(self.engine.block_size)? as f64 * 8.0;
+                Box::new(GlobalKv::new(
+                    Arc::clone(pool),
+                    GlobalCosts {
+                        prefill_token_s: self.engine.step_time.per_prefill_token.as_secs_f64(),
+                        fetch_setup_s: self.network.setup_us / 1e6,
+                        fetch_block_s: block_bits / (self.network.gbps * 1e9),
+                    },
+                ))
+            }
+        })
+    }
+
+    /// The weight a block in an engine's own lower tier has against one
+    /// on its device, for routing: what loading it saves of computing it
+    /// (`1 - load / compute`, per block, at least 0).
+    fn medium_weights(&self) -> Result<Vec<(&'static str, f64)>, SimError> {
+        let block_size = self.engine.block_size;
+        let block_bits = self.engine.tiers.block_bytes(block_size)? as f64 * 8.0;
+        let compute_s = block_size as f64 * self.engine.step_time.per_prefill_token.as_secs_f64();
+        let plans = self.engine.tiers.plan(block_size)?;
+        Ok((plans.iter())
+            .map(|plan| {
+                let load_s = plan.link.setup_us / 1e6 + block_bits / (plan.link.gbps * 1e9);
+                let weight = if compute_s > 0.0 {
+                    1.0 - load_s / compute_s
+                } else {
+                    0.0
+                };
+                (plan.medium, weight.clamp(0.0, 1.0))
+            })
+            .collect())
     }
 }
 
@@ -378,11 +475,29 @@ struct RouterFeed<'r> {
     router: &'r Router,
     worker: WorkerId,
     format: &'r WireFormat,
+    tier_formats: &'r [(String, WireFormat)],
 }
 
 impl EventSink for RouterFeed<'_> {
     fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
         (self.router.apply_message(self.worker, message, self.format)).map_err(|error| {
+            SimError::Events {
+                reason: error.to_string(),
+            }
+        })
+    }
+
+    fn publish_on(&mut self, medium: &str, message: &EventMessage) -> Result<(), SimError> {
+        let Some((_, format)) = self.tier_formats.iter().find(|(m, _)| m == medium) else {
+            return Ok(());
+        };
+        // Nothing to forget (a later resync, after lost events, does
+        // forget everything: the safe error, relearned from the next
+        // stores).
+        if crate::events::is_empty_opening(message) {
+            return Ok(());
+        }
+        (self.router.apply_message(self.worker, message, format)).map_err(|error| {
             SimError::Events {
                 reason: error.to_string(),
             }
@@ -437,9 +552,37 @@ fn replay_policy(
     let engine_config = &config.engine;
     let block_size = engine_config.block_size;
     let started = Instant::now();
-    let router = Router::new();
+    let mut router = Router::new();
+    for (medium, weight) in config.medium_weights()? {
+        router = router.with_medium_weight(medium, weight);
+    }
     let format = WireFormat::new(u32::try_from(block_size).unwrap_or(u32::MAX))
         .with_hash_form(HashForm::Int64);
+    // Each own lower tier's events reach the router under its medium.
+    let tier_formats: Vec<(String, WireFormat)> = (engine_config.tiers.plan(block_size)?.iter())
+        .map(|plan| {
+            (
+                plan.medium.to_owned(),
+                format.clone().with_medium(Some(plan.medium.to_owned())),
+            )
+        })
+        .collect();
+    let block_bytes = engine_config.tiers.block_bytes(block_size)?;
+    // The pool every engine shares, with the index of what it holds.
+    let global_pool = match config.global_pool_blocks()? {
+        None => None,
+        Some(blocks) => Some(
+            BlockManager::<Lower>::builder()
+                .block_count(blocks)
+                .block_size(block_size)
+                .eviction(engine_config.eviction.policy())
+                .build()?,
+        ),
+    };
+    let pool_index = Arc::new(PrefixIndex::new());
+    let mut pool_tap = (global_pool.as_ref())
+        .map(|pool| EventTap::new(pool.subscribe_events(SUBSCRIPTION_CAPACITY)));
+    let remote = global_pool.as_ref().map(|pool| (pool, config.network));
     let mut engines = Vec::new();
     // Fallible, as everything allocated per engine here: a machine that
     // cannot hold what the estimate allowed gives an error, not an abort.
@@ -453,7 +596,15 @@ fn replay_policy(
             .block_size(block_size)
             .eviction(engine_config.eviction.policy())
             .build()?;
-        let mut scheduler = Scheduler::new(manager, engine_config.scheduler)?;
+        let tiers = (engine_config.tiers).scheduler_config_with_remote(
+            block_size,
+            &engine_config.step_time,
+            remote,
+        )?;
+        let mut scheduler = match tiers {
+            None => Scheduler::new(manager, engine_config.scheduler)?,
+            Some(tiers) => Scheduler::with_tiers(manager, engine_config.scheduler, tiers)?,
+        };
         scheduler.set_metrics_enabled(engine_config.metrics);
         let labels = [
             ("engine", i.to_string()),
@@ -461,6 +612,9 @@ fn replay_policy(
         ];
         scheduler.set_metric_labels(labels.clone().map(|(k, v)| (k.to_owned(), v)));
         let mut sim = ServeSim::engine(trace, engine_config, scheduler, &labels)?;
+        if remote.is_some() {
+            sim.add_link(config.network, block_bytes);
+        }
         sim.tap_events();
         let id = i as WorkerId;
         router.add_worker(id).map_err(|error| SimError::Events {
@@ -472,13 +626,23 @@ fn replay_policy(
             reported: None,
         });
     }
-    let mut policy = config.policy(kind);
+    let mut policy = config.policy(kind, &pool_index)?;
     let mut arrivals: Vec<usize> = (0..trace.len()).collect();
     arrivals.sort_by_key(|&i| trace.requests().get(i).map_or(0, |r| r.timestamp));
     let mut assigned = vec![usize::MAX; trace.len()];
-    let threads = Threads::new(config.threads, config.engines)?;
+    // Engines that share a pool step one after another: the pool's order
+    // of stores and evictions must not depend on thread timing.
+    let threads = match global_pool {
+        Some(_) => Threads::Here,
+        None => Threads::new(config.threads, config.engines)?,
+    };
     let wire = Wire {
         router: &router,
+        format: &format,
+        tier_formats: &tier_formats,
+    };
+    let mut pool_feed = GlobalFeed {
+        index: &pool_index,
         format: &format,
     };
     for window in arrivals.chunks(PREPARE_WINDOW) {
@@ -489,6 +653,9 @@ fn replay_policy(
             let at = engines[0].sim.arrival_of(index);
             // Every step that begins before the arrival, on every engine.
             threads.run_until(&mut engines, Some(at), wire)?;
+            if let Some(tap) = &mut pool_tap {
+                tap.pump(&mut pool_feed)?;
+            }
             let request = RouteRequest {
                 keys: &keys,
                 prompt_tokens: prompt.as_ref().map_or(0, |p| p.len()),
@@ -507,6 +674,9 @@ fn replay_policy(
         }
     }
     threads.run_until(&mut engines, None, wire)?;
+    if let Some(tap) = &mut pool_tap {
+        tap.pump(&mut pool_feed)?;
+    }
     check_router(&router, &engines)?;
     report::merge(
         trace,
@@ -523,7 +693,8 @@ fn replay_policy(
 fn check_router(router: &Router, engines: &[Engine<'_>]) -> Result<(), SimError> {
     for (engine, state) in engines.iter().enumerate() {
         let router_blocks = router.stats(state.id).map_or(0, |stats| stats.held_blocks);
-        let pool_blocks = state.sim.registered_blocks()?;
+        // Its device's and its own lower tiers' blocks, every medium.
+        let pool_blocks = state.sim.registered_blocks()? + state.sim.lower_registered_blocks()?;
         if router_blocks != pool_blocks {
             return Err(SimError::RouterOutOfSync {
                 engine,
@@ -543,15 +714,35 @@ impl Engine<'_> {
     /// A step that changes nothing waits for `until`: only an arrival can
     /// unblock it, and without one the engine has stalled.
     fn run_until(&mut self, until: Option<u64>, wire: Wire<'_>) -> Result<(), SimError> {
-        while !self.sim.is_idle() && until.is_none_or(|at| self.sim.now() < at) {
+        loop {
+            if self.sim.is_idle() {
+                // Idle, but a transfer may still end before `until`: its
+                // end must reach the scheduler (a store lands in a pool
+                // other engines read) before anything is routed.
+                match self.sim.next_transfer_end() {
+                    Some(end) if until.is_none_or(|at| end < at) => self.sim.wake_at(end),
+                    _ => break,
+                }
+            }
+            if until.is_some_and(|at| self.sim.now() >= at) {
+                break;
+            }
             let mut feed = RouterFeed {
                 router: wire.router,
                 worker: self.id,
                 format: wire.format,
+                tier_formats: wire.tier_formats,
             };
             if !self.sim.advance(Some(&mut feed))? {
-                match until {
+                // Only an arrival or a transfer ending can unblock it.
+                let next = match (until, self.sim.next_transfer_end()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                match next {
                     Some(at) => self.sim.wake_at(at),
+                    // The last transfer settled an idle engine: done.
+                    None if self.sim.is_idle() => break,
                     None => return Err(self.sim.stalled()),
                 }
             }
@@ -585,6 +776,8 @@ impl Engine<'_> {
 struct Wire<'r> {
     router: &'r Router,
     format: &'r WireFormat,
+    /// The format of each own lower tier's events, by medium.
+    tier_formats: &'r [(String, WireFormat)],
 }
 
 /// The most threads a cluster replay starts, whatever it is asked for.
@@ -640,7 +833,9 @@ impl Threads {
         wire: Wire<'_>,
     ) -> Result<(), SimError> {
         let due = |engine: &Engine<'_>| {
-            !engine.sim.is_idle() && until.is_none_or(|at| engine.sim.now() < at)
+            let before = |time: u64| until.is_none_or(|at| time < at);
+            (!engine.sim.is_idle() && before(engine.sim.now()))
+                || engine.sim.next_transfer_end().is_some_and(before)
         };
         // Counted, not collected: a list of the due engines would be an
         // allocation in proportion to the engines at every arrival.

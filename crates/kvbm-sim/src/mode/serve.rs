@@ -223,7 +223,7 @@ impl ServeConfig {
 
     /// The scheduler of one engine over `manager`, with the lower tiers
     /// configured.
-    pub(crate) fn scheduler(
+    pub(crate) fn build_scheduler(
         &self,
         manager: BlockManager<Simulated>,
     ) -> Result<Scheduler<Simulated>, SimError> {
@@ -309,7 +309,7 @@ pub fn replay_with_events(
         .block_size(block_size)
         .eviction(config.eviction.policy())
         .build()?;
-    let mut scheduler = config.scheduler(manager)?;
+    let mut scheduler = config.build_scheduler(manager)?;
     scheduler.set_metrics_enabled(config.metrics);
     progress.start("serving", trace.len() as u64);
     let mut sim = ServeSim::new(trace, config, scheduler)?;
@@ -377,6 +377,9 @@ pub(crate) struct ServeSim<'a> {
     counters: Counters,
     /// The pool's cache events, when someone listens.
     events: Option<EventTap>,
+    /// The engine's own lower tiers' cache events (not a shared pool's),
+    /// with their media, when someone listens.
+    lower_events: Vec<(String, EventTap)>,
     /// With tiers below the GPU: the transfers on their links.
     links: Option<LinkClock>,
     /// Transfer reports and plans, reused every step.
@@ -498,6 +501,7 @@ impl<'a> ServeSim<'a> {
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
             events: None,
+            lower_events: Vec::new(),
             links,
             reports: Vec::new(),
             transfers: Vec::new(),
@@ -572,6 +576,39 @@ impl<'a> ServeSim<'a> {
     pub(crate) fn tap_events(&mut self) {
         let subscription = (self.scheduler.manager()).subscribe_events(SUBSCRIPTION_CAPACITY);
         self.events = Some(EventTap::new(subscription));
+        if let Some(tiers) = self.scheduler.tiers() {
+            for tier in tiers.lower_ids() {
+                let (Some(config), Some(pool)) = (tiers.config(tier), tiers.pool(tier)) else {
+                    continue;
+                };
+                if config.shared_pool().is_some() {
+                    continue; // its events are the cluster's, not this engine's
+                }
+                let tap = EventTap::new(pool.subscribe_events(SUBSCRIPTION_CAPACITY));
+                self.lower_events.push((config.medium.clone(), tap));
+            }
+        }
+    }
+
+    /// Blocks the engine's own lower tiers register (shared pools left
+    /// out), recounted.
+    pub(crate) fn lower_registered_blocks(&self) -> Result<usize, SimError> {
+        let Some(tiers) = self.scheduler.tiers() else {
+            return Ok(0);
+        };
+        let mut blocks = 0;
+        for tier in tiers.lower_ids() {
+            if tiers
+                .config(tier)
+                .is_some_and(|c| c.shared_pool().is_some())
+            {
+                continue;
+            }
+            if let Some(pool) = tiers.pool(tier) {
+                blocks += pool.audit()?.registered_hashes;
+            }
+        }
+        Ok(blocks)
     }
 
     /// The next arrival or transfer end, whichever comes first.
@@ -580,6 +617,24 @@ impl<'a> ServeSim<'a> {
         match (self.next_arrival_time(), transfer) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+
+    /// When the next transfer under way ends (`None` without tiers).
+    pub(crate) fn next_transfer_end(&self) -> Option<u64> {
+        self.links.as_ref().and_then(LinkClock::next_end)
+    }
+
+    /// Adds the link of a lower tier below the engine's own (a cluster's
+    /// shared pool), for a scheduler built with that tier last.
+    pub(crate) fn add_link(&mut self, link: crate::Link, block_bytes: u64) {
+        match &mut self.links {
+            Some(links) => links.push(link),
+            None => {
+                let mut links = LinkClock::new(&[], block_bytes);
+                links.push(link);
+                self.links = Some(links);
+            }
         }
     }
 
@@ -612,9 +667,15 @@ impl<'a> ServeSim<'a> {
         loop {
             self.submit_arrivals()?;
             if self.scheduler.is_idle() {
-                match self.next_arrival_time() {
+                // Idle: the next arrival, or a transfer still under way
+                // (its end is delivered by the next step).
+                match self.next_event() {
                     Some(time) => {
                         self.now = self.now.max(time);
+                        if self.next_transfer_end().is_some_and(|end| end <= self.now) {
+                            // Delivered by a step (that plans nothing).
+                            self.advance(sink.as_deref_mut())?;
+                        }
                         continue;
                     }
                     None => break,
@@ -657,6 +718,9 @@ impl<'a> ServeSim<'a> {
         let changed = changed?;
         if let (Some(tap), Some(sink)) = (&mut self.events, sink) {
             tap.pump(sink)?;
+            for (medium, tap) in &mut self.lower_events {
+                tap.pump_on(medium, sink)?;
+            }
         }
         if self
             .audit_every
@@ -979,7 +1043,11 @@ impl<'a> ServeSim<'a> {
             sim_duration: Duration::from_nanos(self.now.saturating_sub(first_arrival)),
             busy_time: Duration::from_nanos(counters.busy),
             replay_time: Duration::ZERO,
-            kv_events: self.events.as_ref().map(EventTap::counts),
+            kv_events: self.events.as_ref().map(|tap| {
+                // The lower tiers' events go out on the same stream.
+                (self.lower_events.iter())
+                    .fold(tap.counts(), |all, (_, tap)| all.plus(&tap.counts()))
+            }),
             tiers: self.tier_report(),
             requests: timelines,
         })

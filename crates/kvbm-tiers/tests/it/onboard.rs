@@ -76,3 +76,42 @@ fn no_room_on_the_device_loads_nothing() {
     drop(held);
     tiers.audit().unwrap();
 }
+
+/// Two devices (two engines) share one pool below them: what one stores,
+/// the other loads; both store the same block at once and the pool keeps
+/// one copy.
+#[test]
+fn a_shared_pool_serves_every_device_that_shares_it() {
+    use kvbm_blocks::BlockManager;
+    use kvbm_tiers::{Lower, Tiers};
+    let pool = BlockManager::<Lower>::builder()
+        .block_count(8)
+        .block_size(crate::support::BLOCK)
+        .build()
+        .unwrap();
+    let (a_device, b_device) = (device(4), device(4));
+    let mut a = Tiers::new(a_device.clone(), vec![TierConfig::shared("REMOTE", &pool)]).unwrap();
+    let mut b = Tiers::new(b_device.clone(), vec![TierConfig::shared("REMOTE", &pool)]).unwrap();
+    let hashes = chain(7, 2);
+    a.offload(compute(&a_device, &hashes));
+    b.offload(compute(&b_device, &hashes[..1]));
+    run_all(&mut a).unwrap();
+    run_all(&mut b).unwrap();
+    assert_eq!(pool.metrics().inactive_blocks, 2, "one copy of each block");
+    let c_device = device(4);
+    let mut c = Tiers::new(c_device.clone(), vec![TierConfig::shared("REMOTE", &pool)]).unwrap();
+    assert_eq!(c.lookup(&hashes), [0, 2]);
+    c.onboard(&hashes, 8);
+    run_all(&mut c).unwrap();
+    assert_eq!(c_device.scan_matches(&hashes), [true, true]);
+    for tiers in [&a, &b, &c] {
+        tiers.audit().unwrap();
+    }
+    // A pool of another block size cannot be shared.
+    let other = BlockManager::<Lower>::builder()
+        .block_count(8)
+        .block_size(8)
+        .build()
+        .unwrap();
+    assert!(Tiers::new(device(4), vec![TierConfig::shared("REMOTE", &other)]).is_err());
+}

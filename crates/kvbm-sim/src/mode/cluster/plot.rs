@@ -16,6 +16,7 @@ fn colour(policy: PolicyKind) -> RGBColor {
         PolicyKind::RoundRobin => RGBColor(31, 119, 180),
         PolicyKind::LeastLoaded => RGBColor(255, 127, 14),
         PolicyKind::KvAware => RGBColor(44, 160, 44),
+        PolicyKind::GlobalKv => RGBColor(148, 103, 189),
     }
 }
 

@@ -48,8 +48,26 @@ pub struct ClusterRun {
     pub sim_duration: Duration,
     /// Wall time of the replay, building the engines included.
     pub replay_time: Duration,
+    /// With tiers below the engines' GPUs (their own, or a shared pool):
+    /// what the tiers served, summed over engines.
+    pub tiers: Option<ClusterTiers>,
     /// Every trace request, in trace order, as the engine it went to saw it.
     pub requests: Vec<RequestTimeline>,
+}
+
+/// What the tiers below the engines did in one run, summed over engines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterTiers {
+    /// Prompt tokens loaded from a lower tier (an engine's own, or the
+    /// shared pool) instead of computed.
+    pub hit_tokens: u64,
+    /// Of those, from the shared pool.
+    pub remote_hit_tokens: u64,
+    /// Requests that waited for loads.
+    pub onboarded_requests: u64,
+    /// Bytes moved to and from the lower tiers.
+    pub bytes_moved: u64,
 }
 
 impl ClusterRun {
@@ -70,9 +88,10 @@ impl ClusterRun {
         }
     }
 
-    /// The run as one JSON object (an element of `--json`'s `runs`).
+    /// The run as one JSON object (an element of `--json`'s `runs`); with
+    /// tiers it gains `tiers`, without it is as before.
     pub fn to_json(&self) -> serde_json::Value {
-        json!({
+        let mut run = json!({
             "policy": self.policy.name(),
             "requests": self.hits.requests,
             "rejected_requests": self.rejected_requests,
@@ -95,7 +114,19 @@ impl ClusterRun {
             "busy_s": self.busy.iter().map(Duration::as_secs_f64).collect::<Vec<_>>(),
             "sim_duration_s": self.sim_duration.as_secs_f64(),
             "replay_ms": self.replay_time.as_secs_f64() * 1e3,
-        })
+        });
+        if let (Some(tiers), Some(map)) = (&self.tiers, run.as_object_mut()) {
+            map.insert(
+                "tiers".to_owned(),
+                json!({
+                    "hit_tokens": tiers.hit_tokens,
+                    "remote_hit_tokens": tiers.remote_hit_tokens,
+                    "onboarded_requests": tiers.onboarded_requests,
+                    "bytes_moved": tiers.bytes_moved,
+                }),
+            );
+        }
+        run
     }
 }
 
@@ -208,8 +239,23 @@ pub(super) fn merge<'a>(
     let (mut rejected_requests, mut preemptions, mut evictions) = (0u64, 0u64, 0u64);
     let (mut steps, mut scheduled_requests) = (0u64, 0u64);
     let mut last_step = Duration::ZERO;
+    let mut tiers: Option<ClusterTiers> = None;
     for (engine, sim) in engines.enumerate() {
         let report = sim.report(capacity_blocks)?;
+        if let Some(engine_tiers) = &report.tiers {
+            let sum = tiers.get_or_insert_default();
+            for tier in &engine_tiers.tiers {
+                sum.hit_tokens = sum.hit_tokens.saturating_add(tier.hit_tokens);
+                if tier.medium == crate::tiers::REMOTE {
+                    sum.remote_hit_tokens = sum.remote_hit_tokens.saturating_add(tier.hit_tokens);
+                }
+                sum.bytes_moved = (sum.bytes_moved)
+                    .saturating_add(tier.bytes_stored)
+                    .saturating_add(tier.bytes_loaded);
+            }
+            sum.onboarded_requests =
+                (sum.onboarded_requests).saturating_add(engine_tiers.onboarding.requests);
+        }
         block_size.get_or_insert(report.block_size);
         rejected_requests = rejected_requests.saturating_add(report.rejected_requests);
         preemptions = preemptions.saturating_add(report.preemptions);
@@ -260,6 +306,7 @@ pub(super) fn merge<'a>(
         // Engines' clocks start at the trace's origin, not its first arrival.
         sim_duration: last_step.saturating_sub(first_arrival),
         replay_time: started.elapsed(),
+        tiers,
         requests,
     })
 }
