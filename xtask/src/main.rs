@@ -313,6 +313,7 @@ const DEFAULT_FUZZ_CASES: u32 = 10_000;
 /// The crates whose `tests/it` binary holds `fuzz_*` tests.
 const FUZZED_CRATES: &[&str] = &[
     "kvbm-blocks",
+    "kvbm-tiers",
     "kvbm-sequence",
     "kvbm-schedule",
     "kvbm-queue",

@@ -88,23 +88,31 @@ pub(crate) struct CacheArgs {
     /// Which cached block to evict first.
     #[arg(long, value_name = "POLICY", default_value = "lru", value_parser = eviction_parser())]
     pub(crate) eviction: Eviction,
-    /// A host tier of N tokens below the cache [default: none].
-    #[arg(long, value_name = "N")]
-    pub(crate) host_tier_tokens: Option<u64>,
-    /// A disk tier of N tokens (below the host tier, if any) [default: none].
-    #[arg(long, value_name = "N")]
-    pub(crate) disk_tier_tokens: Option<u64>,
-    /// What a lower tier takes from the one above: write-through,
-    /// write-back, or selective:K.
-    #[arg(long, value_name = "POLICY", default_value = "write-through")]
-    pub(crate) offload: kvbm_sim::Offload,
+    #[command(flatten)]
+    pub(crate) tiers: LowerTierArgs,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
-impl CacheArgs {
-    pub(crate) fn tiers(&self) -> kvbm_sim::CacheTiers {
+/// Lower tiers' sizes and offload policy (cache mode takes these alone;
+/// serve and cluster add links, [`TierArgs`]).
+#[derive(Debug, Args)]
+pub(crate) struct LowerTierArgs {
+    /// A host-memory tier of N tokens below the GPU [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) host_tier_tokens: Option<u64>,
+    /// A disk tier of N tokens (below the host tier, if any) [default: none].
+    #[arg(long, value_name = "N")]
+    pub(crate) disk_tier_tokens: Option<u64>,
+    /// What a lower tier takes from the one above it: write-through,
+    /// write-back, or selective:K (blocks hit K times).
+    #[arg(long, value_name = "POLICY", default_value = "write-through")]
+    pub(crate) offload: kvbm_sim::Offload,
+}
+
+impl LowerTierArgs {
+    pub(crate) fn cache_tiers(&self) -> kvbm_sim::CacheTiers {
         let mut tiers = kvbm_sim::CacheTiers::default().with_offload(self.offload);
         if let Some(tokens) = self.host_tier_tokens {
             tiers = tiers.with_host_tokens(tokens);
@@ -290,16 +298,8 @@ pub(crate) struct EngineArgs {
 /// Tiers below the GPU and their links (all off by default).
 #[derive(Debug, Args)]
 pub(crate) struct TierArgs {
-    /// A host-memory tier of N tokens below the GPU [default: none].
-    #[arg(long, value_name = "N")]
-    pub(crate) host_tier_tokens: Option<u64>,
-    /// A disk tier of N tokens (below the host tier, if any) [default: none].
-    #[arg(long, value_name = "N")]
-    pub(crate) disk_tier_tokens: Option<u64>,
-    /// What a lower tier takes from the one above it: write-through,
-    /// write-back, or selective:K (blocks hit K times).
-    #[arg(long, value_name = "POLICY", default_value = "write-through")]
-    pub(crate) offload: kvbm_sim::Offload,
+    #[command(flatten)]
+    pub(crate) lower: LowerTierArgs,
     /// KV bytes per token [default: 131072, an 8B model].
     #[arg(long, value_name = "B", default_value_t = TierSetup::default().kv_bytes_per_token)]
     pub(crate) kv_bytes_per_token: u64,
@@ -319,9 +319,9 @@ pub(crate) struct TierArgs {
 
 impl TierArgs {
     pub(crate) fn setup(&self) -> TierSetup {
-        let mut setup = TierSetup::default().with_offload(self.offload);
-        setup.host_tokens = self.host_tier_tokens;
-        setup.disk_tokens = self.disk_tier_tokens;
+        let mut setup = TierSetup::default().with_offload(self.lower.offload);
+        setup.host_tokens = self.lower.host_tier_tokens;
+        setup.disk_tokens = self.lower.disk_tier_tokens;
         setup.kv_bytes_per_token = self.kv_bytes_per_token;
         setup.host_link = Link {
             gbps: self.host_link_gbps,

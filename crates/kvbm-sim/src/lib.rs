@@ -125,6 +125,7 @@ mod events;
 mod eviction;
 mod format;
 pub mod mode;
+mod output;
 mod plot;
 mod progress;
 mod stats;

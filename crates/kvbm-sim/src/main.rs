@@ -35,8 +35,8 @@ use kvbm_sim::{CacheConfig, Capacity, Eviction, SimError, SweepConfig, Trace, Wo
 
 use crate::bar::Bar;
 use crate::cli::{
-    CacheArgs, CapacityArgs, Cli, ClusterArgs, Command, MetricsArgs, ServeArgs, SweepArgs,
-    TraceArgs,
+    CacheArgs, CapacityArgs, Cli, ClusterArgs, Command, LowerTierArgs, MetricsArgs, ServeArgs,
+    SweepArgs, TraceArgs,
 };
 
 fn main() -> ExitCode {
@@ -113,9 +113,11 @@ fn run_default(out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> 
             unbounded: true,
         },
         eviction: Eviction::Lru,
-        host_tier_tokens: None,
-        disk_tier_tokens: None,
-        offload: kvbm_sim::Offload::WriteThrough,
+        tiers: LowerTierArgs {
+            host_tier_tokens: None,
+            disk_tier_tokens: None,
+            offload: kvbm_sim::Offload::WriteThrough,
+        },
         json: false,
     };
     run_cache(&args, out, progress)?;
@@ -133,7 +135,8 @@ fn run_cache(args: &CacheArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     let started = Instant::now();
     let workload = Workload::new(&loaded.trace, args.trace.block_size)?;
     let split_time = started.elapsed();
-    let config = CacheConfig::new(args.capacity.capacity(), args.eviction).with_tiers(args.tiers());
+    let config = CacheConfig::new(args.capacity.capacity(), args.eviction)
+        .with_tiers(args.tiers.cache_tiers());
     let report = kvbm_sim::mode::cache::replay(&workload, &config, progress)?;
     if args.json {
         let mut json = report.to_json();

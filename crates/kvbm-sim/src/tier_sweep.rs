@@ -613,24 +613,20 @@ impl TierSweep {
     /// [`SimError::WriteOutput`] naming the path that failed, or
     /// [`SimError::Plot`].
     pub fn write_to(&self, dir: &Path) -> Result<TierSweepFiles, SimError> {
-        let write_failed = |path: &Path| {
-            let path = path.to_owned();
-            move |source| SimError::WriteOutput { path, source }
-        };
-        std::fs::create_dir_all(dir).map_err(write_failed(dir))?;
         let files = TierSweepFiles {
             csv: dir.join("tier_sweep.csv"),
             markdown: dir.join("tier_sweep.md"),
             svg: dir.join("tier_sweep.svg"),
         };
-        let svg = self.to_svg()?;
-        for (path, contents) in [
-            (&files.csv, self.to_csv()),
-            (&files.markdown, self.to_markdown()),
-            (&files.svg, svg),
-        ] {
-            std::fs::write(path, contents).map_err(write_failed(path))?;
-        }
+        let (csv, markdown, svg) = (self.to_csv(), self.to_markdown(), self.to_svg()?);
+        crate::output::write_files(
+            dir,
+            &[
+                (&files.csv, &csv),
+                (&files.markdown, &markdown),
+                (&files.svg, &svg),
+            ],
+        )?;
         Ok(files)
     }
 }

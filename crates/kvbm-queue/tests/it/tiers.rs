@@ -77,6 +77,23 @@ fn evict_from_device(s: &mut Scheduler<Gpu>, first_id: u64) {
     }
 }
 
+/// A 64-token prompt computed, pushed out of the device (still in the
+/// host tier), and asked for again: the step that onboards it, applied,
+/// and its load.
+fn onboarding(s: &mut Scheduler<Gpu>) -> kvbm_tiers::Transfer {
+    s.submit(prompt(1, 64)).unwrap();
+    run_done(s);
+    evict_from_device(s, 100);
+    s.submit(prompt(2, 64)).unwrap();
+    let plan = s.step().unwrap();
+    let load = (plan.transfers.iter())
+        .find(|t| t.kind == TransferKind::Load)
+        .expect("a load")
+        .clone();
+    s.apply(&outputs(&plan)).unwrap();
+    load
+}
+
 #[test]
 fn a_prefix_evicted_from_the_device_is_onboarded_from_the_host() {
     let mut s = tiered(24, 256, TiersConfig::new(Vec::new()));
@@ -141,18 +158,7 @@ fn a_prefix_evicted_from_the_device_is_onboarded_from_the_host() {
 #[test]
 fn a_failed_load_recomputes_and_marks_nothing_loaded() {
     let mut s = tiered(24, 256, TiersConfig::new(Vec::new()));
-    s.submit(prompt(1, 64)).unwrap();
-    run_done(&mut s);
-    evict_from_device(&mut s, 100);
-    s.submit(prompt(2, 64)).unwrap();
-    let plan = s.step().unwrap();
-    let load = plan
-        .transfers
-        .iter()
-        .find(|t| t.kind == TransferKind::Load)
-        .unwrap()
-        .clone();
-    s.apply(&outputs(&plan)).unwrap();
+    let load = onboarding(&mut s);
     s.report_transfers(&[(load.id, Outcome::Failed)]).unwrap();
     let plan = s.step().unwrap();
     assert_eq!(plan.prefill.len(), 1);
@@ -202,18 +208,7 @@ fn a_load_that_never_ends_times_out_and_the_request_recomputes() {
 #[test]
 fn a_cancel_while_onboarding_releases_everything() {
     let mut s = tiered(24, 256, TiersConfig::new(Vec::new()));
-    s.submit(prompt(1, 64)).unwrap();
-    run_done(&mut s);
-    evict_from_device(&mut s, 100);
-    s.submit(prompt(2, 64)).unwrap();
-    let plan = s.step().unwrap();
-    let load = plan
-        .transfers
-        .iter()
-        .find(|t| t.kind == TransferKind::Load)
-        .unwrap()
-        .id;
-    s.apply(&outputs(&plan)).unwrap();
+    let load = onboarding(&mut s).id;
     assert!(s.cancel(RequestId(2)));
     let plan = s.step().unwrap();
     s.apply(&outputs(&plan)).unwrap();

@@ -447,15 +447,9 @@ impl ClusterReport {
     /// [`SimError::WriteOutput`] if a file cannot be written;
     /// [`SimError::Plot`] if the plot cannot be drawn.
     pub fn write_to(&self, dir: &Path) -> Result<[PathBuf; 2], SimError> {
-        let write_failed = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SimError::WriteOutput { path, source }
-        };
-        std::fs::create_dir_all(dir).map_err(write_failed(dir))?;
-        let svg = dir.join("cluster.svg");
-        std::fs::write(&svg, self.svg()?).map_err(write_failed(&svg))?;
-        let json = dir.join("cluster.json");
-        std::fs::write(&json, format!("{}\n", self.to_json())).map_err(write_failed(&json))?;
+        let (svg, json) = (dir.join("cluster.svg"), dir.join("cluster.json"));
+        let (plot, report) = (self.svg()?, format!("{}\n", self.to_json()));
+        crate::output::write_files(dir, &[(&svg, &plot), (&json, &report)])?;
         Ok([svg, json])
     }
 }
