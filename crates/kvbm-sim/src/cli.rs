@@ -439,6 +439,10 @@ pub(crate) struct ClusterArgs {
     /// Setup time of each network transfer, in microseconds.
     #[arg(long, value_name = "US", default_value_t = Link::NETWORK_100G.setup_us)]
     pub(crate) network_setup_us: f64,
+    /// Give the shared pool to global-kv's replay only, the other policies
+    /// keeping to each engine's own caches (Mooncake's Figure 5).
+    #[arg(long, requires = "global_pool_tokens")]
+    pub(crate) pool_only_for_global_kv: bool,
     /// Directory for cluster.svg and cluster.json (created if missing).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -458,6 +462,7 @@ impl ClusterArgs {
                 gbps: self.network_gbps,
                 setup_us: self.network_setup_us,
             })
+            .with_pool_only_for_global_kv(self.pool_only_for_global_kv)
             .with_memory_limit_gb(self.memory_limit_gb)?;
         if let Some(tokens) = self.global_pool_tokens {
             config = config.with_global_pool_tokens(tokens);

@@ -149,6 +149,11 @@ pub struct ClusterConfig {
     /// Each engine's network link to the shared pool (default
     /// [`Link::NETWORK_100G`]).
     pub network: Link,
+    /// Whether only [`PolicyKind::GlobalKv`]'s replay has the shared pool,
+    /// the other policies keeping to each engine's own caches (default
+    /// `false`): Mooncake's Figure 5 compares them so, since moving a
+    /// prefix between instances is what its global scheduling adds.
+    pub pool_only_for_global_kv: bool,
 }
 
 impl Default for ClusterConfig {
@@ -163,6 +168,7 @@ impl Default for ClusterConfig {
             memory_budget: Self::DEFAULT_MEMORY_BUDGET,
             global_pool_tokens: None,
             network: Link::NETWORK_100G,
+            pool_only_for_global_kv: false,
         }
     }
 }
@@ -195,6 +201,12 @@ impl ClusterConfig {
     /// Sets [`global_pool_tokens`](Self::global_pool_tokens).
     pub fn with_global_pool_tokens(mut self, tokens: u64) -> Self {
         self.global_pool_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets [`pool_only_for_global_kv`](Self::pool_only_for_global_kv).
+    pub fn with_pool_only_for_global_kv(mut self, only: bool) -> Self {
+        self.pool_only_for_global_kv = only;
         self
     }
 
@@ -563,7 +575,8 @@ fn replay_policy(
         .collect();
     let block_bytes = engine_config.tiers.block_bytes(block_size)?;
     // The pool every engine shares, with the index of what it holds.
-    let global_pool = match config.global_pool_blocks()? {
+    let pooled = kind == PolicyKind::GlobalKv || !config.pool_only_for_global_kv;
+    let global_pool = match config.global_pool_blocks()?.filter(|_| pooled) {
         None => None,
         Some(blocks) => Some(
             BlockManager::<Lower>::builder()

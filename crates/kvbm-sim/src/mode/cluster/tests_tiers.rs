@@ -76,6 +76,20 @@ fn a_shared_pool_serves_one_engine_what_another_computed() {
 }
 
 #[test]
+fn the_pool_may_be_global_kvs_alone() {
+    let config = ClusterConfig::new(2, engine())
+        .with_policies(vec![PolicyKind::RoundRobin, PolicyKind::GlobalKv])
+        .with_global_pool_tokens(1 << 20)
+        .with_pool_only_for_global_kv(true);
+    let report = replay(&trace(), &config).unwrap();
+    assert!(
+        report.runs[0].tiers.is_none(),
+        "round-robin keeps to local caches"
+    );
+    assert!(report.runs[1].tiers.is_some());
+}
+
+#[test]
 fn without_tiers_cluster_runs_report_none() {
     let config = ClusterConfig::new(2, engine()).with_policies(vec![PolicyKind::KvAware]);
     let report = replay(&trace(), &config).unwrap();
