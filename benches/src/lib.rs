@@ -137,3 +137,165 @@ pub mod peer {
             .expect("valid configuration")
     }
 }
+
+/// The tier bookkeeping workloads of `--bench tiers` and
+/// `--example tiers_instructions`: blocks moved between a device pool and a
+/// host tier below it, per batch of `batch` blocks, beside the same device
+/// work with no tier. Each fixture cycles through [`tiers::SETS`] distinct
+/// chains of `batch` blocks, so every step moves blocks no pool it reaches
+/// holds: the device has room for two batches and evicts, the host evicts
+/// when it stores (store) or holds every chain (load).
+pub mod tiers {
+    use kvbm_blocks::SequenceHash;
+    use kvbm_tiers::{Settled, TierConfig, Tiers, Transfer};
+
+    use crate::ours::{self, Gpu};
+    use crate::{Xorshift, chain_values};
+
+    /// Tokens per block (kvbm-sim's serve default).
+    pub const BLOCK_SIZE: usize = 16;
+    /// Distinct chains a fixture cycles through.
+    pub const SETS: usize = 8;
+
+    /// [`SETS`] chains of `batch` blocks, the same on every run.
+    pub fn chains(batch: usize) -> Vec<Vec<SequenceHash>> {
+        let mut rng = Xorshift::new(22);
+        (0..SETS)
+            .map(|_| ours::hashes(&chain_values(&mut rng, batch)))
+            .collect()
+    }
+
+    /// A device pool of two batches with no tier below: each step
+    /// registers a batch (evicting the one cached two steps ago) and drops
+    /// it into the cache. The work a store or a load does on the device.
+    #[derive(Debug)]
+    pub struct DeviceOnly {
+        device: kvbm_blocks::BlockManager<Gpu>,
+        chains: Vec<Vec<SequenceHash>>,
+        next: usize,
+    }
+
+    impl DeviceOnly {
+        /// The pool, empty.
+        pub fn new(batch: usize) -> Self {
+            Self {
+                device: ours::manager(2 * batch, BLOCK_SIZE),
+                chains: chains(batch),
+                next: 0,
+            }
+        }
+
+        /// One batch registered and dropped; returns the blocks registered.
+        pub fn step(&mut self) -> usize {
+            let chain = &self.chains[self.next % SETS];
+            self.next += 1;
+            ours::register(&self.device, chain).len()
+        }
+    }
+
+    /// [`DeviceOnly`] with a write-through host tier of four batches below:
+    /// each step registers a batch, offloads it (`offload_batch`), takes
+    /// the planned store and completes it (the host evicts its oldest
+    /// batch: it holds half the chains).
+    #[derive(Debug)]
+    pub struct Store {
+        tiers: Tiers<Gpu>,
+        chains: Vec<Vec<SequenceHash>>,
+        plan: Vec<Transfer>,
+        next: usize,
+    }
+
+    impl Store {
+        /// The pools, empty.
+        pub fn new(batch: usize) -> Self {
+            Self {
+                tiers: tiers(batch, SETS / 2),
+                chains: chains(batch),
+                plan: Vec::new(),
+                next: 0,
+            }
+        }
+
+        /// One batch registered and stored; returns the blocks stored.
+        pub fn step(&mut self) -> usize {
+            let chain = &self.chains[self.next % SETS];
+            self.next += 1;
+            let stored = store(&mut self.tiers, chain, &mut self.plan);
+            assert_eq!(stored, chain.len(), "every block is new to the host");
+            stored
+        }
+    }
+
+    /// A host tier holding every chain above an empty device pool of two
+    /// batches: each step onboards a batch (`onboard`, which allocates its
+    /// device blocks, evicting the batch loaded two steps ago), takes the
+    /// planned load, completes it and drops the loaded blocks into the
+    /// device cache.
+    #[derive(Debug)]
+    pub struct Load {
+        tiers: Tiers<Gpu>,
+        chains: Vec<Vec<SequenceHash>>,
+        plan: Vec<Transfer>,
+        next: usize,
+    }
+
+    impl Load {
+        /// The pools, every chain stored in the host tier.
+        pub fn new(batch: usize) -> Self {
+            let mut tiers = tiers(batch, SETS);
+            let chains = chains(batch);
+            let mut plan = Vec::new();
+            for chain in &chains {
+                assert_eq!(store(&mut tiers, chain, &mut plan), batch);
+            }
+            Self {
+                tiers,
+                chains,
+                plan,
+                // The device still caches the last two chains stored.
+                next: 0,
+            }
+        }
+
+        /// One batch loaded from the host; returns the blocks loaded.
+        pub fn step(&mut self) -> usize {
+            let chain = &self.chains[self.next % SETS];
+            self.next += 1;
+            let onboard = self.tiers.onboard(chain, chain.len());
+            assert_eq!(onboard.loaded_from[1], chain.len(), "all from the host");
+            self.tiers.take_planned(&mut self.plan);
+            let mut loaded = 0;
+            for transfer in self.plan.drain(..) {
+                match self.tiers.complete(transfer.id) {
+                    Ok(Settled::Loaded { blocks, .. }) => loaded += blocks.len(),
+                    other => panic!("a load settled as {other:?}"),
+                }
+            }
+            loaded
+        }
+    }
+
+    /// A device pool of two batches above a write-through host tier of
+    /// `host_batches` batches.
+    fn tiers(batch: usize, host_batches: usize) -> Tiers<Gpu> {
+        let device = ours::manager(2 * batch, BLOCK_SIZE);
+        let host = TierConfig::new("CPU", host_batches * batch);
+        Tiers::new(device, vec![host]).expect("valid tiers")
+    }
+
+    /// Registers `chain` on the device, offloads it and completes the
+    /// stores; returns the blocks stored.
+    fn store(tiers: &mut Tiers<Gpu>, chain: &[SequenceHash], plan: &mut Vec<Transfer>) -> usize {
+        let blocks = ours::register(tiers.device(), chain);
+        tiers.offload_batch(blocks);
+        tiers.take_planned(plan);
+        let mut stored = 0;
+        for transfer in plan.drain(..) {
+            match tiers.complete(transfer.id) {
+                Ok(Settled::Stored { blocks, .. }) => stored += blocks,
+                other => panic!("a store settled as {other:?}"),
+            }
+        }
+        stored
+    }
+}

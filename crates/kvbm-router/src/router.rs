@@ -381,7 +381,12 @@ impl Router {
     }
 
     fn worker(&self, worker: WorkerId) -> Result<Ref<'_, WorkerId, Worker>, RouterError> {
-        (self.workers.get(&worker)).ok_or(RouterError::UnknownWorker(worker))
+        // Built only when returned: the error has heap fields in some
+        // variants, so a dropped one costs a call on every event.
+        match self.workers.get(&worker) {
+            Some(state) => Ok(state),
+            None => Err(RouterError::UnknownWorker(worker)),
+        }
     }
 
     /// Admits a `BlockStored` of `block_size` tokens on `medium` from

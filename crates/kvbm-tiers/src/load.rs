@@ -52,34 +52,64 @@ impl<D> Tiers<D> {
         let mut by_tier: Vec<(Vec<SequenceHash>, ImmutableBlocks<Lower>)> = (0..tiers)
             .map(|_| (Vec::new(), ImmutableBlocks::new()))
             .collect();
+        let wanted = hashes
+            .get(..max_blocks.min(hashes.len()))
+            .unwrap_or_default();
+        // Where each block is, from one scan per tier (no pins yet): on its
+        // way up already (`None`), or the index of the highest tier that
+        // has it; the walk ends at the first block no tier has.
+        let present: Vec<Vec<bool>> = (self.lower.iter())
+            .map(|tier| tier.pool.scan_matches(wanted))
+            .collect();
+        let mut levels: Vec<Option<usize>> = Vec::with_capacity(wanted.len());
+        for (i, hash) in wanted.iter().enumerate() {
+            if self.loading.contains_key(&hash.value()) {
+                levels.push(None);
+                continue;
+            }
+            match present.iter().position(|tier| tier[i]) {
+                Some(index) => levels.push(Some(index)),
+                None => break,
+            }
+        }
+        // Pins, one match per run of consecutive blocks of one tier (one
+        // lock each: a prefix from one tier is one run). A block gone since
+        // the scan (a shared pool another user evicts) ends the walk there.
         let mut loads = 0usize;
         let mut covered = 0;
         // Blocks before the first one to load: all on their way already.
         let mut leading_waits = 0;
-        for &hash in hashes.iter().take(max_blocks) {
-            if let Some(&id) = self.loading.get(&hash.value()) {
-                if !waits.contains(&id) {
+        let mut i = 0;
+        while i < levels.len() {
+            let Some(index) = levels[i] else {
+                if let Some(&id) = self.loading.get(&wanted[i].value())
+                    && !waits.contains(&id)
+                {
                     waits.push(id);
                 }
                 covered += 1;
                 if loads == 0 {
                     leading_waits += 1;
                 }
+                i += 1;
                 continue;
-            }
-            let pinned = (self.lower.iter().enumerate()).find_map(|(index, tier)| {
-                let matched = tier.pool.match_blocks(&[hash]);
-                (!matched.is_empty()).then_some((index, matched))
-            });
-            let Some((index, matched)) = pinned else {
-                break;
             };
+            let run = levels[i..]
+                .iter()
+                .take_while(|&&level| level == Some(index))
+                .count();
+            let matched = self.lower[index].pool.match_blocks(&wanted[i..i + run]);
+            let pinned = matched.len();
             let (tier_hashes, pins) = &mut by_tier[index];
-            tier_hashes.push(hash);
+            tier_hashes.extend_from_slice(&wanted[i..i + pinned]);
             // One tier's blocks are one pool's: never refused.
             let _ = pins.append(matched);
-            loads += 1;
-            covered += 1;
+            loads += pinned;
+            covered += pinned;
+            if pinned < run {
+                break;
+            }
+            i += run;
         }
         if let Some(sketch) = &mut self.hits {
             for (hashes, _) in &by_tier {

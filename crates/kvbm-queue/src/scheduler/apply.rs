@@ -27,7 +27,11 @@ impl<M> Scheduler<M> {
     /// [`SchedulerError::DuplicateOutput`], [`SchedulerError::MissingToken`],
     /// [`SchedulerError::UnexpectedToken`] or [`SchedulerError::TooManyDrafts`].
     pub fn apply(&mut self, outputs: &[EngineOutput]) -> Result<StepReport, SchedulerError> {
-        let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
+        // Errors built only when returned (`ok_or` would build and drop
+        // one every call).
+        let Some(pending) = self.pending.as_ref() else {
+            return Err(SchedulerError::NoStepPending);
+        };
         let mut by_id = std::mem::take(&mut self.output_index);
         if let Err(error) = self.check_outputs(pending, outputs, &mut by_id) {
             by_id.clear();
@@ -124,8 +128,9 @@ impl<M> Scheduler<M> {
             let Some(work) = running.work else { continue };
             expected += 1;
             let id = running.id();
-            let output = (by_id.get(&id).and_then(|&at| outputs.get(at)))
-                .ok_or(SchedulerError::MissingOutput { id })?;
+            let Some(output) = by_id.get(&id).and_then(|&at| outputs.get(at)) else {
+                return Err(SchedulerError::MissingOutput { id });
+            };
             match (work.samples_token(), output.token.is_some()) {
                 (true, false) => return Err(SchedulerError::MissingToken { id }),
                 (false, true) => return Err(SchedulerError::UnexpectedToken { id }),

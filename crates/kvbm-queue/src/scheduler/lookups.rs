@@ -65,7 +65,9 @@ impl<M> Scheduler<M> {
     /// [`SchedulerError::NoStepPending`] if no step awaits `apply`, and
     /// [`SchedulerError::StalePlan`] if `plan` is not the pending step's.
     pub fn slot_mapping(&self, plan: &StepPlan, out: &mut Vec<u64>) -> Result<(), SchedulerError> {
-        let pending = self.pending.as_ref().ok_or(SchedulerError::NoStepPending)?;
+        let Some(pending) = self.pending.as_ref() else {
+            return Err(SchedulerError::NoStepPending);
+        };
         if plan.step != pending.step {
             return Err(SchedulerError::StalePlan {
                 plan: plan.step,

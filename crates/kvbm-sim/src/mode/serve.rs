@@ -369,8 +369,9 @@ pub(crate) struct ServeSim<'a> {
     now: u64,
     /// Engine outputs, reused every step.
     outputs: Vec<EngineOutput>,
-    /// The scheduler's plan, reused every step.
-    plan: StepPlan,
+    /// The scheduler's plan, reused every step (boxed: taken out and put
+    /// back each step, it moves as a pointer, not as the plan's 150 bytes).
+    plan: Option<Box<StepPlan>>,
     /// Time to first token, in simulated seconds, through the `metrics`
     /// facade (a no-op without a recorder).
     ttft: metrics::Histogram,
@@ -497,7 +498,7 @@ impl<'a> ServeSim<'a> {
             tracks,
             now: 0,
             outputs: Vec::new(),
-            plan: StepPlan::default(),
+            plan: Some(Box::default()),
             ttft: metrics::histogram!(kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN),
             counters: Counters::default(),
             events: None,
@@ -711,10 +712,12 @@ impl<'a> ServeSim<'a> {
     ) -> Result<bool, SimError> {
         self.deliver_transfers()?;
         // The plan's lists are reused from step to step.
-        let mut plan = std::mem::take(&mut self.plan);
-        self.scheduler.step_into(&mut plan)?;
-        let changed = self.step(&plan);
-        self.plan = plan;
+        let mut plan = self.plan.take().unwrap_or_default();
+        let planned = self.scheduler.step_into(&mut plan);
+        let changed = planned
+            .map_err(SimError::from)
+            .and_then(|()| self.step(&plan));
+        self.plan = Some(plan);
         let changed = changed?;
         if let (Some(tap), Some(sink)) = (&mut self.events, sink) {
             tap.pump(sink)?;
@@ -908,11 +911,12 @@ impl<'a> ServeSim<'a> {
             .step_nanos(prefill_tokens.saturating_add(draft_tokens), decodes);
         // `NEVER` is no time: a step that would end there or later has run
         // past the clock.
-        let end = (start.checked_add(elapsed))
-            .filter(|&end| end < NEVER)
-            .ok_or(SimError::ClockOverflow {
+        // (The error is built only when returned: it has heap fields.)
+        let Some(end) = start.checked_add(elapsed).filter(|&end| end < NEVER) else {
+            return Err(SimError::ClockOverflow {
                 step: self.counters.scheduler_steps,
-            })?;
+            });
+        };
         let ran = !plan.is_empty();
         if ran {
             self.counters.steps += 1;
