@@ -60,6 +60,7 @@ mod audit;
 mod config;
 mod error;
 mod flight;
+mod immediate;
 mod load;
 mod settle;
 mod stats;

@@ -55,23 +55,7 @@ impl<D> Tiers<D> {
         let wanted = hashes
             .get(..max_blocks.min(hashes.len()))
             .unwrap_or_default();
-        // Where each block is, from one scan per tier (no pins yet): on its
-        // way up already (`None`), or the index of the highest tier that
-        // has it; the walk ends at the first block no tier has.
-        let present: Vec<Vec<bool>> = (self.lower.iter())
-            .map(|tier| tier.pool.scan_matches(wanted))
-            .collect();
-        let mut levels: Vec<Option<usize>> = Vec::with_capacity(wanted.len());
-        for (i, hash) in wanted.iter().enumerate() {
-            if self.loading.contains_key(&hash.value()) {
-                levels.push(None);
-                continue;
-            }
-            match present.iter().position(|tier| tier[i]) {
-                Some(index) => levels.push(Some(index)),
-                None => break,
-            }
-        }
+        let levels = self.locate(wanted);
         // Pins, one match per run of consecutive blocks of one tier (one
         // lock each: a prefix from one tier is one run). A block gone since
         // the scan (a shared pool another user evicts) ends the walk there.
@@ -171,6 +155,27 @@ impl<D> Tiers<D> {
         // be due for a copy further down.
         self.offload_hit_lower(hashes.get(..covered).unwrap_or_default());
         onboard
+    }
+
+    /// Where each of `wanted` is, from one scan per tier (nothing pinned):
+    /// on its way up already (`None`), or the index of the highest tier
+    /// that has it; the list ends at the first block no tier has.
+    pub(crate) fn locate(&self, wanted: &[SequenceHash]) -> Vec<Option<usize>> {
+        let present: Vec<Vec<bool>> = (self.lower.iter())
+            .map(|tier| tier.pool.scan_matches(wanted))
+            .collect();
+        let mut levels: Vec<Option<usize>> = Vec::with_capacity(wanted.len());
+        for (i, hash) in wanted.iter().enumerate() {
+            if self.loading.contains_key(&hash.value()) {
+                levels.push(None);
+                continue;
+            }
+            match present.iter().position(|tier| tier[i]) {
+                Some(index) => levels.push(Some(index)),
+                None => break,
+            }
+        }
+        levels
     }
 
     /// Blocks hit in lower tier `k` that a selective tier `k + 1` now takes.

@@ -276,7 +276,8 @@ impl CacheSim {
     }
 
     /// With lower tiers: brings the request's prefix past `held` (its
-    /// device hits) up from them, appending the loaded blocks to `held`.
+    /// device hits) up from them at once, appending the loaded blocks to
+    /// `held`.
     fn onboard(
         &mut self,
         request: &WorkloadRequest<'_>,
@@ -289,16 +290,13 @@ impl CacheSim {
         if rest.is_empty() {
             return Ok(());
         }
-        let onboard = tiers.onboard(rest, rest.len());
-        for (level, &blocks) in onboard.loaded_from.iter().enumerate().skip(1) {
+        let (loaded, loaded_from) = tiers.onboard_now(rest, rest.len());
+        for (level, &blocks) in loaded_from.iter().enumerate().skip(1) {
             if let Some(slot) = served.get_mut(level - 1) {
                 *slot += blocks as u64;
             }
         }
-        let loaded = self.complete_transfers()?;
-        let more = self.manager.match_blocks(rest);
-        held.append(more).map_err(BlockError::from)?;
-        drop(loaded);
+        held.append(loaded).map_err(BlockError::from)?;
         Ok(())
     }
 
@@ -346,8 +344,7 @@ impl CacheSim {
                 .register_blocks(staged)
                 .map_err(BlockError::from)?;
             if let Some((tiers, _)) = &mut self.tiers {
-                tiers.offload_batch(stored.clone());
-                self.complete_transfers()?;
+                tiers.offload_now(stored.clone());
             }
             held.append(stored).map_err(BlockError::from)?;
         }

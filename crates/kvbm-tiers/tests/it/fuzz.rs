@@ -15,7 +15,7 @@ use kvbm_tiers::{
 };
 use proptest::prelude::*;
 
-use crate::support::{BLOCK, Gpu, chain, device};
+use crate::support::{BLOCK, Gpu, batch, chain, device};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -48,6 +48,14 @@ enum Op {
     Abandon(u16),
     /// A report of a transfer that was never planned.
     Bogus(u64),
+    /// A request's blocks copied down at once.
+    OffloadNow(u8),
+    /// A prefix brought up at once.
+    OnboardNow {
+        seed: u8,
+        len: u8,
+        max: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -62,6 +70,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (any::<u16>(), prop::bool::weighted(0.8)).prop_map(|(pick, ok)| Op::Report { pick, ok }),
         1 => any::<u16>().prop_map(Op::Abandon),
         1 => any::<u64>().prop_map(Op::Bogus),
+        2 => any::<u8>().prop_map(Op::OffloadNow),
+        2 => (0u8..6, 1u8..6, 0u8..8).prop_map(|(seed, len, max)| Op::OnboardNow { seed, len, max }),
     ]
 }
 
@@ -198,6 +208,55 @@ fn run(
                 let onboard = tiers.onboard(rest, usize::from(*max));
                 prop_assert!(onboard.blocks <= usize::from(*max));
                 prop_assert!(onboard.blocks <= found.iter().sum::<usize>());
+            }
+            Op::OffloadNow(i) => {
+                if !running.is_empty() {
+                    let blocks = &running[usize::from(*i) % running.len()];
+                    // Computed on the device: a completed copy is valid
+                    // wherever it lands.
+                    for level in 1..model.valid.len() {
+                        for block in blocks {
+                            model.valid[level].insert(block.sequence_hash().value());
+                        }
+                    }
+                    tiers.offload_now(batch(blocks));
+                }
+            }
+            Op::OnboardNow { seed, len, max } => {
+                let hashes = chain(u128::from(*seed), usize::from(*len));
+                let on_device = device.match_blocks(&hashes);
+                let rest = &hashes[on_device.len()..];
+                let busy = model.busy(TierId::DEVICE);
+                let (blocks, from) = tiers.onboard_now(rest, usize::from(*max));
+                prop_assert!(blocks.len() <= usize::from(*max));
+                // The prefix, by registry key (the toy chains collide).
+                let values = |hashes: &[SequenceHash]| -> Vec<u128> {
+                    hashes.iter().map(|hash| hash.value()).collect()
+                };
+                prop_assert_eq!(
+                    values(&blocks.sequence_hashes()),
+                    values(&rest[..blocks.len()])
+                );
+                if !blocks.is_empty() {
+                    prop_assert_eq!(from.iter().sum::<usize>(), blocks.len());
+                }
+                for block in blocks.iter() {
+                    prop_assert!(
+                        !busy.contains(&block.block_id()),
+                        "a device block in flight handed out"
+                    );
+                    let value = block.hash_value();
+                    prop_assert!(
+                        (1..model.valid.len()).any(|level| model.valid[level].contains(&value)),
+                        "loaded a copy that never completed"
+                    );
+                    // Loaded, and copied at once into any selective tier
+                    // below that now takes it.
+                    for valid in &mut model.valid {
+                        valid.insert(value);
+                    }
+                }
+                loaded.push(blocks);
             }
             Op::Pressure(n) => {
                 if let Ok(blocks) = device.allocate_blocks(usize::from(*n)) {

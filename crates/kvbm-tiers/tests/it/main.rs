@@ -3,6 +3,7 @@
 //! call sequences and engine reports.
 
 mod fuzz;
+mod immediate;
 mod onboard;
 mod policies;
 mod support;

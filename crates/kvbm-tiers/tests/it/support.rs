@@ -1,7 +1,7 @@
 //! Shared helpers: a device pool, hashes, and the engine's side of the
 //! protocol.
 
-use kvbm_blocks::{BlockManager, ImmutableBlock, SequenceHash};
+use kvbm_blocks::{BlockManager, ImmutableBlock, ImmutableBlocks, SequenceHash};
 use kvbm_tiers::{Settled, TierConfig, TierError, Tiers, Transfer};
 
 /// The device tier's marker.
@@ -72,4 +72,13 @@ pub(crate) fn run_all(tiers: &mut Tiers<Gpu>) -> Result<Vec<Settled<Gpu>>, TierE
             settled.push(tiers.complete(transfer.id)?);
         }
     }
+}
+
+/// One batch of `blocks` (one pool's).
+pub(crate) fn batch(blocks: &[ImmutableBlock<Gpu>]) -> ImmutableBlocks<Gpu> {
+    let mut batch = ImmutableBlocks::new();
+    for block in blocks {
+        batch.push(block.clone()).unwrap();
+    }
+    batch
 }

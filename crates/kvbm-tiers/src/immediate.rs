@@ -1,0 +1,183 @@
+//! Copies completed at once, for a caller whose copies are synchronous (a
+//! host tier the engine fills with a plain memory copy on its own thread)
+//! and for a replay with no clock (the simulator's cache mode): the same
+//! choices as [`offload`](Tiers::offload) and [`onboard`](Tiers::onboard),
+//! without planning transfers, since nothing is ever in flight.
+
+use kvbm_blocks::{CompleteBlock, ImmutableBlocks, SequenceHash};
+
+use crate::{Lower, OffloadPolicy, Tiers};
+
+impl<D> Tiers<D> {
+    /// [`offload_batch`](Self::offload_batch), copied at once: the blocks
+    /// the first lower tier takes are stored there now (and passed on down
+    /// as each tier's policy says); the number stored into the first tier.
+    /// Blocks present below, or on their way by a transfer in flight, are
+    /// skipped, as by `offload`.
+    pub fn offload_now(&mut self, blocks: ImmutableBlocks<D>) -> usize {
+        let Some(first) = self.lower.first() else {
+            return 0;
+        };
+        if blocks.is_empty() || !blocks.belongs_to(&self.device) {
+            return 0;
+        }
+        let policy = first.config.offload;
+        let hashes = blocks.sequence_hashes();
+        let keep: Vec<bool> = hashes
+            .iter()
+            .map(|&hash| self.takes(policy, hash))
+            .collect();
+        // The sources stay pinned (by `blocks`) until the copies are done.
+        let stored = self.store_now(0, &hashes, keep);
+        drop(blocks);
+        stored
+    }
+
+    /// Stores the blocks of `hashes` that `keep` marks into lower tier
+    /// `index` now, then into the tier below as its policy says; how many
+    /// went into `index`.
+    fn store_now(&mut self, index: usize, hashes: &[SequenceHash], keep: Vec<bool>) -> usize {
+        let Some(tier) = self.lower.get_mut(index) else {
+            return 0;
+        };
+        let present = tier.pool.scan_matches(hashes);
+        let mut wanted: Vec<SequenceHash> = Vec::with_capacity(hashes.len());
+        for (i, &hash) in hashes.iter().enumerate() {
+            // Present, or on its way by a transfer in flight. (Twice in one
+            // batch is a hash collision between two blocks of one chain:
+            // the pool's registration keeps one copy.)
+            if !keep[i] || present[i] || tier.incoming.contains(&hash.value()) {
+                continue;
+            }
+            wanted.push(hash);
+        }
+        let room = tier.pool.available_blocks();
+        if wanted.len() > room {
+            tier.stats.skipped_stores += (wanted.len() - room) as u64;
+            wanted.truncate(room);
+        }
+        if wanted.is_empty() {
+            return 0;
+        }
+        let Ok(landings) = tier.pool.allocate_blocks(wanted.len()) else {
+            tier.stats.skipped_stores += wanted.len() as u64;
+            return 0;
+        };
+        let staged: Vec<CompleteBlock<Lower>> = (landings.into_iter().zip(&wanted))
+            .filter_map(|(block, &hash)| {
+                let size = block.block_size();
+                block.stage(hash, size).ok()
+            })
+            .collect();
+        let stored = tier.pool.register_blocks(staged).unwrap_or_default();
+        let count = stored.len();
+        tier.stats.stored_blocks += count as u64;
+        self.counts.stored_blocks += count as u64;
+        // On down, held by `stored` meanwhile.
+        if let Some(below) = self.lower.get(index + 1) {
+            let policy = below.config.offload;
+            if matches!(
+                policy,
+                OffloadPolicy::WriteThrough | OffloadPolicy::Selective { .. }
+            ) {
+                let keep = wanted
+                    .iter()
+                    .map(|&hash| self.takes(policy, hash))
+                    .collect();
+                self.store_now(index + 1, &wanted, keep);
+            }
+        }
+        drop(stored);
+        count
+    }
+
+    /// [`onboard`](Self::onboard), copied at once: up to `max_blocks`
+    /// leading blocks of `hashes` found in the lower tiers (each from the
+    /// highest tier that has it) are registered on the device now and
+    /// handed back, pinned, in prefix order, with how many came from each
+    /// tier level (`[k]`: lower tier `k`). The walk stops at the first
+    /// block no tier has, or one a transfer in flight is loading (nothing
+    /// waits here). With no room on the device, nothing is loaded.
+    pub fn onboard_now(
+        &mut self,
+        hashes: &[SequenceHash],
+        max_blocks: usize,
+    ) -> (ImmutableBlocks<D>, Vec<usize>) {
+        let mut loaded_from = vec![0; self.lower.len() + 1];
+        let wanted = hashes
+            .get(..max_blocks.min(hashes.len()))
+            .unwrap_or_default();
+        let levels = self.locate(wanted);
+        // Pins, one match per run of one tier's blocks, up to the first
+        // block only a transfer in flight has.
+        let mut pins: Vec<ImmutableBlocks<Lower>> = Vec::new();
+        let mut found = 0;
+        while found < levels.len() {
+            let Some(index) = levels[found] else {
+                break;
+            };
+            let run = (levels[found..].iter())
+                .take_while(|&&level| level == Some(index))
+                .count();
+            let matched = self.lower[index]
+                .pool
+                .match_blocks(&wanted[found..found + run]);
+            let pinned = matched.len();
+            loaded_from[index + 1] += pinned;
+            self.lower[index].stats.hit_blocks += pinned as u64;
+            self.lower[index].stats.loaded_blocks += pinned as u64;
+            pins.push(matched);
+            found += pinned;
+            if pinned < run {
+                break;
+            }
+        }
+        if let Some(sketch) = &mut self.hits {
+            for hash in &wanted[..found] {
+                sketch.increment(hash.value());
+            }
+        }
+        if found == 0 {
+            return (ImmutableBlocks::new(), loaded_from);
+        }
+        let Ok(landings) = self.device.allocate_blocks(found) else {
+            for (level, count) in loaded_from.iter_mut().enumerate().skip(1) {
+                if let Some(tier) = self.lower.get_mut(level - 1) {
+                    tier.stats.hit_blocks -= *count as u64;
+                    tier.stats.loaded_blocks -= *count as u64;
+                }
+                *count = 0;
+            }
+            return (ImmutableBlocks::new(), loaded_from);
+        };
+        let staged: Vec<CompleteBlock<D>> = (landings.into_iter().zip(&wanted[..found]))
+            .filter_map(|(block, &hash)| {
+                let size = block.block_size();
+                block.stage(hash, size).ok()
+            })
+            .collect();
+        let loaded = self.device.register_blocks(staged).unwrap_or_default();
+        self.counts.loaded_blocks += loaded.len() as u64;
+        drop(pins);
+        // As `onboard`: selective tiers below count these hits, and take
+        // the blocks now due.
+        self.store_hit_lower_now(&wanted[..found]);
+        (loaded, loaded_from)
+    }
+
+    /// Blocks just hit below the device that a selective lower tier
+    /// (other than the first, which `offload_now` feeds) now takes.
+    fn store_hit_lower_now(&mut self, hashes: &[SequenceHash]) {
+        for index in 1..self.lower.len() {
+            let policy = self.lower[index].config.offload;
+            if !matches!(policy, OffloadPolicy::Selective { .. }) {
+                continue;
+            }
+            let keep = hashes
+                .iter()
+                .map(|&hash| self.takes(policy, hash))
+                .collect();
+            self.store_now(index, hashes, keep);
+        }
+    }
+}
