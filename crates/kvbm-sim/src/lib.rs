@@ -150,6 +150,7 @@ pub use mode::serve::{
     AdmissionStats, Latency, PriorityMix, RequestTimeline, ServeConfig, ServeOutcome, ServeReport,
     StepTime, priority_from_vllm, prompt_tokens, trace_token,
 };
+pub use output::FigureFiles;
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;
 pub use sweep::{Sweep, SweepConfig, SweepFiles, sweep};

@@ -176,7 +176,7 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
             "trace": loaded.source,
             "unbounded": sweep.unbounded.to_json(),
             "runs": runs,
-            "files": [files.csv, files.markdown, files.svg],
+            "files": files.to_json(),
         });
         writeln!(out, "{json}")?;
         return Ok(());
@@ -196,12 +196,9 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
         .sum();
     writeln!(
         out,
-        "\n{} replays in {:.1} ms; wrote {}, {} and {}",
+        "\n{} replays in {:.1} ms; wrote {files}",
         sweep.runs.len() + 1,
         millis(replay),
-        files.csv.display(),
-        files.markdown.display(),
-        files.svg.display()
     )?;
     Ok(())
 }
@@ -254,10 +251,7 @@ fn run_tier_sweep(
     if args.json {
         let mut json = with_source(sweep.to_json(), &loaded);
         if let Some(object) = json.as_object_mut() {
-            object.insert(
-                "files".to_owned(),
-                serde_json::json!([files.csv, files.markdown, files.svg]),
-            );
+            object.insert("files".to_owned(), files.to_json());
         }
         writeln!(out, "{json}")?;
         return Ok(());
@@ -286,14 +280,11 @@ fn run_tier_sweep(
         .collect();
     writeln!(
         out,
-        "\n{} replays on {} threads in {:.1} s ({}); wrote {}, {} and {}",
+        "\n{} replays on {} threads in {:.1} s ({}); wrote {files}",
         sweep.points.len(),
         sweep.threads,
         sweep.wall_time.as_secs_f64(),
         replays.join(", "),
-        files.csv.display(),
-        files.markdown.display(),
-        files.svg.display()
     )?;
     Ok(())
 }

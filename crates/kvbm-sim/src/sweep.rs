@@ -4,12 +4,13 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tracing::instrument;
 
 use crate::format::{group, percent};
 use crate::mode::cache::{self, CacheConfig, CacheReport};
+use crate::output::FigureFiles;
 use crate::{Capacity, Eviction, Progress, SimError, Workload};
 
 /// What a sweep runs: every capacity under every eviction policy, plus one
@@ -56,16 +57,7 @@ pub struct Sweep {
 }
 
 /// The files [`Sweep::write_to`] wrote.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SweepFiles {
-    /// Every run, one row each.
-    pub csv: PathBuf,
-    /// Block hit rate by capacity (rows) and policy (columns).
-    pub markdown: PathBuf,
-    /// Block hit rate against capacity, one line per policy.
-    pub svg: PathBuf,
-}
+pub type SweepFiles = FigureFiles;
 
 /// Forwards a run's advances into the sweep's one progress phase.
 struct Nested<'a>(&'a mut dyn Progress);
@@ -233,20 +225,7 @@ impl Sweep {
     /// [`SimError::WriteOutput`] naming the path that failed, or
     /// [`SimError::Plot`].
     pub fn write_to(&self, dir: &Path) -> Result<SweepFiles, SimError> {
-        let files = SweepFiles {
-            csv: dir.join("sweep.csv"),
-            markdown: dir.join("sweep.md"),
-            svg: dir.join("sweep.svg"),
-        };
-        let (csv, markdown, svg) = (self.to_csv(), self.to_markdown(), self.to_svg()?);
-        crate::output::write_files(
-            dir,
-            &[
-                (&files.csv, &csv),
-                (&files.markdown, &markdown),
-                (&files.svg, &svg),
-            ],
-        )?;
-        Ok(files)
+        let svg = self.to_svg()?;
+        FigureFiles::write(dir, "sweep", &self.to_csv(), &self.to_markdown(), &svg)
     }
 }

@@ -15,7 +15,7 @@ mod plot;
 mod tests;
 
 use std::fmt::{self, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use tracing::instrument;
 
 use crate::format::{group, percent};
 use crate::mode::serve::{self, ServeConfig, ServeReport};
+use crate::output::FigureFiles;
 use crate::{Progress, SimError, Trace};
 
 /// One host-tier size of a [`TierSweep`].
@@ -277,16 +278,7 @@ pub struct TierSweep {
 }
 
 /// The files [`TierSweep::write_to`] wrote.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TierSweepFiles {
-    /// Every run, one row each.
-    pub csv: PathBuf,
-    /// The table [`TierSweep::to_markdown`] prints.
-    pub markdown: PathBuf,
-    /// Mean TTFT and token hit rate against host-tier size.
-    pub svg: PathBuf,
-}
+pub type TierSweepFiles = FigureFiles;
 
 /// A message from a run to the thread that reports progress.
 enum Message {
@@ -613,20 +605,7 @@ impl TierSweep {
     /// [`SimError::WriteOutput`] naming the path that failed, or
     /// [`SimError::Plot`].
     pub fn write_to(&self, dir: &Path) -> Result<TierSweepFiles, SimError> {
-        let files = TierSweepFiles {
-            csv: dir.join("tier_sweep.csv"),
-            markdown: dir.join("tier_sweep.md"),
-            svg: dir.join("tier_sweep.svg"),
-        };
-        let (csv, markdown, svg) = (self.to_csv(), self.to_markdown(), self.to_svg()?);
-        crate::output::write_files(
-            dir,
-            &[
-                (&files.csv, &csv),
-                (&files.markdown, &markdown),
-                (&files.svg, &svg),
-            ],
-        )?;
-        Ok(files)
+        let svg = self.to_svg()?;
+        FigureFiles::write(dir, "tier_sweep", &self.to_csv(), &self.to_markdown(), &svg)
     }
 }

@@ -4,8 +4,9 @@
 //! choices as [`offload`](Tiers::offload) and [`onboard`](Tiers::onboard),
 //! without planning transfers, since nothing is ever in flight.
 
-use kvbm_blocks::{CompleteBlock, ImmutableBlocks, SequenceHash};
+use kvbm_blocks::{ImmutableBlocks, SequenceHash};
 
+use crate::settle::stage_all;
 use crate::{Lower, OffloadPolicy, Tiers};
 
 impl<D> Tiers<D> {
@@ -23,10 +24,7 @@ impl<D> Tiers<D> {
         }
         let policy = first.config.offload;
         let hashes = blocks.sequence_hashes();
-        let keep: Vec<bool> = hashes
-            .iter()
-            .map(|&hash| self.takes(policy, hash))
-            .collect();
+        let keep = self.wanted(policy, &hashes);
         // The sources stay pinned (by `blocks`) until the copies are done.
         let stored = self.store_now(0, &hashes, keep);
         drop(blocks);
@@ -63,29 +61,16 @@ impl<D> Tiers<D> {
             tier.stats.skipped_stores += wanted.len() as u64;
             return 0;
         };
-        let staged: Vec<CompleteBlock<Lower>> = (landings.into_iter().zip(&wanted))
-            .filter_map(|(block, &hash)| {
-                let size = block.block_size();
-                block.stage(hash, size).ok()
-            })
-            .collect();
-        let stored = tier.pool.register_blocks(staged).unwrap_or_default();
+        let stored = (tier.pool)
+            .register_blocks(stage_all(landings, &wanted))
+            .unwrap_or_default();
         let count = stored.len();
         tier.stats.stored_blocks += count as u64;
         self.counts.stored_blocks += count as u64;
         // On down, held by `stored` meanwhile.
-        if let Some(below) = self.lower.get(index + 1) {
-            let policy = below.config.offload;
-            if matches!(
-                policy,
-                OffloadPolicy::WriteThrough | OffloadPolicy::Selective { .. }
-            ) {
-                let keep = wanted
-                    .iter()
-                    .map(|&hash| self.takes(policy, hash))
-                    .collect();
-                self.store_now(index + 1, &wanted, keep);
-            }
+        if let Some(policy) = self.chained_below(index) {
+            let keep = self.wanted(policy, &wanted);
+            self.store_now(index + 1, &wanted, keep);
         }
         drop(stored);
         count
@@ -150,13 +135,9 @@ impl<D> Tiers<D> {
             }
             return (ImmutableBlocks::new(), loaded_from);
         };
-        let staged: Vec<CompleteBlock<D>> = (landings.into_iter().zip(&wanted[..found]))
-            .filter_map(|(block, &hash)| {
-                let size = block.block_size();
-                block.stage(hash, size).ok()
-            })
-            .collect();
-        let loaded = self.device.register_blocks(staged).unwrap_or_default();
+        let loaded = (self.device)
+            .register_blocks(stage_all(landings, &wanted[..found]))
+            .unwrap_or_default();
         self.counts.loaded_blocks += loaded.len() as u64;
         drop(pins);
         // As `onboard`: selective tiers below count these hits, and take
@@ -173,10 +154,7 @@ impl<D> Tiers<D> {
             if !matches!(policy, OffloadPolicy::Selective { .. }) {
                 continue;
             }
-            let keep = hashes
-                .iter()
-                .map(|&hash| self.takes(policy, hash))
-                .collect();
+            let keep = self.wanted(policy, hashes);
             self.store_now(index, hashes, keep);
         }
     }

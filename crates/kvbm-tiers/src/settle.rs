@@ -5,7 +5,7 @@ use kvbm_blocks::{CompleteBlock, ImmutableBlocks, MutableBlock, SequenceHash};
 use tracing::{debug, trace};
 
 use crate::flight::{Flight, Landings, Pins};
-use crate::{Lower, OffloadPolicy, TierError, TierId, Tiers, TransferId, TransferKind};
+use crate::{Lower, TierError, TierId, Tiers, TransferId, TransferKind};
 
 /// How a transfer ended, by the engine's report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -263,18 +263,10 @@ impl<D> Tiers<D> {
         let stored = tier.pool.register_blocks(landed).unwrap_or_default();
         tier.stats.stored_blocks += count as u64;
         self.counts.stored_blocks += count as u64;
-        if let Some(below) = self.lower.get(index + 1) {
-            let policy = below.config.offload;
-            if matches!(
-                policy,
-                OffloadPolicy::WriteThrough | OffloadPolicy::Selective { .. }
-            ) {
-                let keep: Vec<bool> = (hashes.iter())
-                    .map(|&hash| self.takes(policy, hash))
-                    .collect();
-                if keep.iter().any(|&k| k) && stored.len() == hashes.len() {
-                    self.plan_store(destination, index + 1, hashes, Pins::Lower(stored), keep);
-                }
+        if let Some(policy) = self.chained_below(index) {
+            let keep = self.wanted(policy, &hashes);
+            if keep.iter().any(|&k| k) && stored.len() == hashes.len() {
+                self.plan_store(destination, index + 1, hashes, Pins::Lower(stored), keep);
             }
         }
         Settled::Stored {
@@ -286,7 +278,10 @@ impl<D> Tiers<D> {
 }
 
 /// Landed blocks staged under their hashes (full blocks: they always fit).
-fn stage_all<M>(blocks: Vec<MutableBlock<M>>, hashes: &[SequenceHash]) -> Vec<CompleteBlock<M>> {
+pub(crate) fn stage_all<M>(
+    blocks: Vec<MutableBlock<M>>,
+    hashes: &[SequenceHash],
+) -> Vec<CompleteBlock<M>> {
     (blocks.into_iter().zip(hashes))
         .filter_map(|(block, &hash)| stage(block, hash))
         .collect()

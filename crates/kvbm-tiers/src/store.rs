@@ -35,10 +35,7 @@ impl<D> Tiers<D> {
         }
         let policy = first.config.offload;
         let hashes = blocks.sequence_hashes();
-        let keep: Vec<bool> = hashes
-            .iter()
-            .map(|&hash| self.takes(policy, hash))
-            .collect();
+        let keep = self.wanted(policy, &hashes);
         self.plan_store(TierId::DEVICE, 0, hashes, Pins::Device(blocks), keep);
     }
 
@@ -110,6 +107,26 @@ impl<D> Tiers<D> {
             let keep = vec![true; hashes.len()];
             self.plan_store(source, index, hashes, pins, keep);
         }
+    }
+
+    /// Which of `hashes` a tier under `policy` takes from the tier above
+    /// now (see [`takes`](Self::takes)).
+    pub(crate) fn wanted(&self, policy: OffloadPolicy, hashes: &[SequenceHash]) -> Vec<bool> {
+        hashes
+            .iter()
+            .map(|&hash| self.takes(policy, hash))
+            .collect()
+    }
+
+    /// The policy of lower tier `index + 1` when it takes copies of what
+    /// lands in tier `index` (write-through or selective), else `None`.
+    pub(crate) fn chained_below(&self, index: usize) -> Option<OffloadPolicy> {
+        let policy = self.lower.get(index.checked_add(1)?)?.config.offload;
+        matches!(
+            policy,
+            OffloadPolicy::WriteThrough | OffloadPolicy::Selective { .. }
+        )
+        .then_some(policy)
     }
 
     /// Whether a tier under `policy` takes the block `hash` from the tier

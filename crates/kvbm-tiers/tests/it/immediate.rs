@@ -1,18 +1,9 @@
 //! Copies completed at once (`offload_now`, `onboard_now`): the same
 //! choices as the planned path, with nothing ever in flight.
 
-use kvbm_tiers::{OffloadPolicy, TierConfig, TierId};
+use kvbm_tiers::{OffloadPolicy, TierConfig};
 
-use crate::support::{batch, chain, compute, device, planned, tiers};
-
-fn in_tier(tiers: &kvbm_tiers::Tiers<crate::support::Gpu>, level: usize, n: usize) -> usize {
-    let hashes = chain(1, n);
-    let pool = tiers.pool(TierId::lower(level).unwrap()).unwrap();
-    pool.scan_matches(&hashes)
-        .into_iter()
-        .filter(|&b| b)
-        .count()
-}
+use crate::support::{batch, chain, compute, device, g, in_tier, planned, tiers};
 
 #[test]
 fn offload_now_stores_down_the_chain_at_once_and_never_twice() {
@@ -25,13 +16,19 @@ fn offload_now_stores_down_the_chain_at_once_and_never_twice() {
     let blocks = compute(&device, &hashes);
     assert_eq!(tiers.offload_now(batch(&blocks)), 3);
     assert!(planned(&mut tiers).is_empty(), "nothing in flight");
-    assert_eq!((in_tier(&tiers, 0, 3), in_tier(&tiers, 1, 3)), (3, 3));
+    assert_eq!(
+        (
+            in_tier(&tiers, g(0), &chain(1, 3)),
+            in_tier(&tiers, g(1), &chain(1, 3))
+        ),
+        (3, 3)
+    );
     assert_eq!(
         tiers.offload_now(batch(&blocks)),
         0,
         "present: not stored twice"
     );
-    let stats = tiers.stats(TierId::lower(0).unwrap()).unwrap();
+    let stats = tiers.stats(g(0)).unwrap();
     assert_eq!(stats.stored_blocks, 3);
     assert_eq!(tiers.transfer_counts().stored_blocks, 6, "both tiers");
     let audit = tiers.audit().unwrap();
@@ -49,10 +46,10 @@ fn offload_now_skips_what_does_not_fit_and_what_a_store_brings() {
     let plan = planned(&mut tiers);
     assert_eq!(plan.len(), 1);
     assert_eq!(tiers.offload_now(batch(&blocks)), 1, "one slot left of two");
-    let stats = tiers.stats(TierId::lower(0).unwrap()).unwrap();
+    let stats = tiers.stats(g(0)).unwrap();
     assert_eq!(stats.skipped_stores, 2);
     tiers.complete(plan[0].id).unwrap();
-    assert_eq!(in_tier(&tiers, 0, 4), 2);
+    assert_eq!(in_tier(&tiers, g(0), &chain(1, 4)), 2);
     tiers.audit().unwrap();
 }
 
@@ -91,7 +88,7 @@ fn onboard_now_loads_a_prefix_from_each_highest_tier_and_stops_at_a_gap() {
     let gap = [hashes[3], chain(9, 1)[0], hashes[0]];
     let (after_gap, _) = tiers.onboard_now(&gap, 8);
     assert_eq!(after_gap.len(), 1);
-    let stats = tiers.stats(TierId::lower(1).unwrap()).unwrap();
+    let stats = tiers.stats(g(1)).unwrap();
     assert_eq!((stats.hit_blocks, stats.loaded_blocks), (2, 2));
     assert!(planned(&mut tiers).is_empty());
     drop(loaded);
@@ -109,7 +106,7 @@ fn onboard_now_with_no_room_or_a_load_in_flight_loads_nothing() {
     let held = device.allocate_blocks(2).unwrap();
     let (loaded, from) = tiers.onboard_now(&hashes, 8);
     assert_eq!((loaded.len(), from), (0, vec![0, 0]));
-    let stats = tiers.stats(TierId::lower(0).unwrap()).unwrap();
+    let stats = tiers.stats(g(0)).unwrap();
     assert_eq!((stats.hit_blocks, stats.loaded_blocks), (0, 0), "undone");
     drop(held);
     // A planned load of the first block: the immediate walk does not wait.
@@ -135,13 +132,17 @@ fn a_selective_tier_below_takes_blocks_hit_often_enough() {
     );
     let hashes = chain(1, 2);
     tiers.offload_now(batch(&compute(&device, &hashes)));
-    assert_eq!(in_tier(&tiers, 1, 2), 0, "not hit yet");
+    assert_eq!(in_tier(&tiers, g(1), &chain(1, 2)), 0, "not hit yet");
     for round in 1..=2 {
         drop(device.allocate_blocks(4).unwrap());
         let (loaded, _) = tiers.onboard_now(&hashes, 8);
         assert_eq!(loaded.len(), 2);
         let expected = if round == 2 { 2 } else { 0 };
-        assert_eq!(in_tier(&tiers, 1, 2), expected, "after {round} hits");
+        assert_eq!(
+            in_tier(&tiers, g(1), &chain(1, 2)),
+            expected,
+            "after {round} hits"
+        );
     }
     tiers.audit().unwrap();
 }

@@ -1,22 +1,8 @@
 //! What each offload policy copies down, and what it never copies twice.
 
-use kvbm_blocks::SequenceHash;
-use kvbm_tiers::{OffloadPolicy, Settled, TierConfig, TierId, TransferKind};
+use kvbm_tiers::{OffloadPolicy, Settled, TierConfig, TransferKind};
 
-use crate::support::{chain, compute, device, planned, run_all, tiers};
-
-fn g(n: usize) -> TierId {
-    TierId::lower(n).unwrap()
-}
-
-fn in_tier(
-    tiers: &kvbm_tiers::Tiers<crate::support::Gpu>,
-    tier: TierId,
-    hashes: &[SequenceHash],
-) -> usize {
-    let scan = tiers.pool(tier).unwrap().scan_matches(hashes);
-    scan.into_iter().filter(|&b| b).count()
-}
+use crate::support::{chain, compute, device, g, in_tier, planned, run_all, tiers};
 
 #[test]
 fn write_through_copies_every_registered_block_down_the_chain() {

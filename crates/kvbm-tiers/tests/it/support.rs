@@ -2,7 +2,7 @@
 //! protocol.
 
 use kvbm_blocks::{BlockManager, ImmutableBlock, ImmutableBlocks, SequenceHash};
-use kvbm_tiers::{Settled, TierConfig, TierError, Tiers, Transfer};
+use kvbm_tiers::{Settled, TierConfig, TierError, TierId, Tiers, Transfer};
 
 /// The device tier's marker.
 #[derive(Debug)]
@@ -81,4 +81,15 @@ pub(crate) fn batch(blocks: &[ImmutableBlock<Gpu>]) -> ImmutableBlocks<Gpu> {
         batch.push(block.clone()).unwrap();
     }
     batch
+}
+
+/// Lower tier `n` (G2 is 0).
+pub(crate) fn g(n: usize) -> TierId {
+    TierId::lower(n).unwrap()
+}
+
+/// How many of `hashes` are matchable in `tier`.
+pub(crate) fn in_tier(tiers: &Tiers<Gpu>, tier: TierId, hashes: &[SequenceHash]) -> usize {
+    let scan = tiers.pool(tier).unwrap().scan_matches(hashes);
+    scan.into_iter().filter(|&b| b).count()
 }
