@@ -2,11 +2,12 @@
 //! many workers at once, safe to update and query from many threads.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::PoisonError;
 
 use foldhash::fast::RandomState;
 
 use crate::medium::{self, DEVICE_SLOT, Media, Slot};
+use crate::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, lock, write};
 use crate::{RouterError, WorkerId};
 
 /// One worker's blocks on one medium.
@@ -93,10 +94,6 @@ pub struct PrefixIndex {
     workers: RwLock<Workers>,
     /// The media named so far.
     media: Media,
-}
-
-fn lock(held: &Mutex<Held>) -> MutexGuard<'_, Held> {
-    held.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Where `worker` is in `workers`, or would go.
@@ -196,7 +193,7 @@ impl PrefixIndex {
     /// Forgets every block `worker` holds on every medium, and the worker;
     /// how many it held.
     pub fn remove_worker(&self, worker: WorkerId) -> usize {
-        let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+        let mut workers = write(&self.workers);
         match position(&workers, worker) {
             Ok(at) => {
                 let (_, held) = workers.remove(at);
@@ -330,7 +327,7 @@ impl PrefixIndex {
 
     /// Gives `worker` an empty set (emptying one it had).
     pub(crate) fn add_worker(&self, worker: WorkerId) {
-        let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+        let mut workers = write(&self.workers);
         match position(&workers, worker) {
             Ok(at) => {
                 let held = workers[at].1.get_mut();
@@ -375,7 +372,7 @@ impl PrefixIndex {
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Workers> {
-        self.workers.read().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::read(&self.workers)
     }
 
     /// [`insert_in`](Self::insert_in), making `worker` a set if it has
@@ -399,7 +396,7 @@ impl PrefixIndex {
             }
         }
         {
-            let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+            let mut workers = write(&self.workers);
             if let Err(at) = position(&workers, worker) {
                 workers.insert(at, (worker, Mutex::default()));
             }

@@ -63,6 +63,7 @@ mod index;
 mod medium;
 mod policy;
 mod router;
+mod sync;
 
 use kvbm_events::BlockHash;
 

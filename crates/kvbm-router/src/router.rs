@@ -22,19 +22,21 @@
 //! The event path takes the map's read lock, the tally, the index's read
 //! lock and one set: nothing global is written, and nothing is allocated
 //! per block.
+//!
+//! Every lock and atomic here comes from `crate::sync`, so
+//! `tests/loom_router.rs` model-checks this protocol (additions, removals
+//! and events racing) on this code.
 
 mod audit;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-
-use dashmap::DashMap;
-use dashmap::mapref::one::Ref;
-use foldhash::fast::RandomState;
 use kvbm_blocks::{CacheEvent, EventMessage};
 use kvbm_events::{KvEvent, KvEventBatch, WireFormat};
 
 use crate::medium::Slot;
+use crate::sync::{
+    AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard, WorkerMap, WorkerRef,
+    lock, read, write,
+};
 use crate::{Candidate, Policy, PrefixIndex, RouteRequest, RouterError, block_key};
 
 pub use audit::RouterAudit;
@@ -111,10 +113,6 @@ struct Tally {
     wire: Option<(WireFormat, Slot)>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The block size and medium `format` writes into its events.
 fn wire_settings(format: &WireFormat) -> (u32, Option<String>) {
     (format.block_size(), format.medium().map(str::to_owned))
@@ -150,7 +148,7 @@ fn wire_settings(format: &WireFormat) -> (u32, Option<String>) {
 #[derive(Debug)]
 pub struct Router {
     index: PrefixIndex,
-    workers: DashMap<WorkerId, Worker, RandomState>,
+    workers: WorkerMap<Worker>,
     /// Live workers, sorted: the order candidates are offered in.
     order: RwLock<Vec<WorkerId>>,
     /// Tokens per block, plus one; 0 until set or fixed by the first
@@ -173,7 +171,7 @@ impl Router {
     pub fn new() -> Self {
         Self {
             index: PrefixIndex::new(),
-            workers: DashMap::default(),
+            workers: WorkerMap::new(),
             order: RwLock::new(Vec::new()),
             block_size: AtomicU64::new(0),
             medium_weights: Vec::new(),
@@ -227,11 +225,11 @@ impl Router {
     }
 
     fn order_read(&self) -> RwLockReadGuard<'_, Vec<WorkerId>> {
-        self.order.read().unwrap_or_else(PoisonError::into_inner)
+        read(&self.order)
     }
 
     fn order_write(&self) -> RwLockWriteGuard<'_, Vec<WorkerId>> {
-        self.order.write().unwrap_or_else(PoisonError::into_inner)
+        write(&self.order)
     }
 
     /// Starts routing to `worker`, which holds nothing yet.
@@ -267,7 +265,7 @@ impl Router {
         // The map entry first: its shard's write lock waits for the events
         // being applied, and no later event finds the worker, so none can
         // touch its set after this.
-        self.workers.remove(&worker);
+        self.workers.remove(worker);
         self.index.remove_worker(worker);
         order.remove(at);
         Ok(())
@@ -380,10 +378,10 @@ impl Router {
         Ok(())
     }
 
-    fn worker(&self, worker: WorkerId) -> Result<Ref<'_, WorkerId, Worker>, RouterError> {
+    fn worker(&self, worker: WorkerId) -> Result<WorkerRef<'_, Worker>, RouterError> {
         // Built only when returned: the error has heap fields in some
         // variants, so a dropped one costs a call on every event.
-        match self.workers.get(&worker) {
+        match self.workers.get(worker) {
             Some(state) => Ok(state),
             None => Err(RouterError::UnknownWorker(worker)),
         }
@@ -530,7 +528,7 @@ impl Router {
 
     /// What the router knows of `worker`; `None` unless it is live.
     pub fn stats(&self, worker: WorkerId) -> Option<WorkerStats> {
-        (self.workers.get(&worker)).map(|state| lock(&state.tally).stats)
+        (self.workers.get(worker)).map(|state| lock(&state.tally).stats)
     }
 
     /// The index itself, for queries of its own. Changing it through this
@@ -553,7 +551,7 @@ impl Router {
             let overlaps = self.index.tiered_overlaps(&weights, request.keys);
             return (order.iter())
                 .filter_map(|&worker| {
-                    let load = *lock(&self.workers.get(&worker)?.load);
+                    let load = *lock(&self.workers.get(worker)?.load);
                     let (overlap_blocks, tier_credit) = (overlaps
                         .binary_search_by_key(&worker, |&(w, _, _)| w))
                     .map_or((0, 0.0), |at| (overlaps[at].1, overlaps[at].2));
@@ -570,7 +568,7 @@ impl Router {
         order
             .iter()
             .filter_map(|&worker| {
-                let load = *lock(&self.workers.get(&worker)?.load);
+                let load = *lock(&self.workers.get(worker)?.load);
                 let overlap_blocks = (overlaps.binary_search_by_key(&worker, |&(w, _)| w))
                     .map_or(0, |at| overlaps[at].1);
                 Some(Candidate::new(worker, overlap_blocks, load))

@@ -1,8 +1,9 @@
 //! [`Router::audit`]: the router's state cross-checked, for tests and
 //! diagnostics.
 
-use super::{Router, lock};
+use super::Router;
 use crate::RouterError;
+use crate::sync::lock;
 
 /// What [`Router::audit`] counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,7 +58,7 @@ impl Router {
         }
         let mut held_blocks = 0;
         for &worker in order.iter() {
-            let Some(state) = self.workers.get(&worker) else {
+            let Some(state) = self.workers.get(worker) else {
                 return fail(format!("live worker {worker} has no counters"));
             };
             // The tally held across the look at the index, as the event

@@ -1,4 +1,5 @@
 //! kvbm-router through its public API.
+#![cfg(not(kvbm_loom))]
 
 mod fields;
 mod fuzz;
