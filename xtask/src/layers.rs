@@ -14,6 +14,8 @@ pub(crate) const LAYERS: &[&str] = &[
     "kvbm-queue",
     "kvbm-events",
     "kvbm-router",
+    // The data plane: above every core crate, so none of them can depend on it.
+    "kvbm-store",
     "kvbm-sim",
 ];
 

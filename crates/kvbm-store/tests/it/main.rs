@@ -1,0 +1,2 @@
+//! Integration tests of kvbm-store.
+mod arena;
