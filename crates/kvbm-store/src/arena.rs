@@ -186,6 +186,16 @@ impl BlockStore for HostArena {
             })
             .collect()
     }
+
+    fn keys(&self) -> Result<Vec<u128>, StoreError> {
+        let index = self.index();
+        Ok(index
+            .entries
+            .iter()
+            .filter(|(_, e)| e.ready)
+            .map(|(k, _)| *k)
+            .collect())
+    }
 }
 
 impl Index {

@@ -51,4 +51,16 @@ pub trait BlockStore: Send + Sync + std::fmt::Debug {
 
     /// Removes each key; one result per key: whether it was stored.
     fn remove(&self, keys: &[u128]) -> Vec<Result<bool, StoreError>>;
+
+    /// Every key it holds now, so a store can be brought back in line with
+    /// its tier after the tier forgot what the store kept (a cleared tier, a
+    /// lagging event stream, a restart).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] from a store that cannot list its keys (the
+    /// default), or the medium's error.
+    fn keys(&self) -> Result<Vec<u128>, StoreError> {
+        Err(StoreError::Config(format!("{self:?} cannot list its keys")))
+    }
 }

@@ -1,2 +1,4 @@
 //! Integration tests of kvbm-store.
 mod arena;
+mod engine;
+mod support;
