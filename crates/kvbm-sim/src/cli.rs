@@ -385,6 +385,15 @@ pub(crate) struct ServeArgs {
         requires = "kv_events_wait_ms"
     )]
     pub(crate) kv_events_subscribers: usize,
+    /// Move real bytes behind the lower tiers: `host` (host-memory arenas),
+    /// `disk:DIR` (the lowest tier in a disk store in DIR), or
+    /// `redis:URL[,URL...]` (the lowest tier in a Redis Cluster). Each
+    /// block is --kv-bytes-per-token x block size bytes of a fake engine's
+    /// KV, checked byte for byte when it comes back; keep them small (the
+    /// device's memory is allocated too). The JSON report gains
+    /// `data_plane`.
+    #[arg(long, value_name = "STORE")]
+    pub(crate) data_plane: Option<kvbm_sim::DataPlaneSpec>,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub(crate) json: bool,

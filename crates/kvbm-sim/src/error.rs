@@ -315,6 +315,14 @@ pub enum SimError {
     /// Drawing the sweep plot failed.
     #[error("cannot draw the sweep plot: {0}")]
     Plot(String),
+    /// `--data-plane` names a store that cannot be used, or the data plane
+    /// failed as a whole (not one block: a block's failure is a failed
+    /// transfer, and its request recomputes).
+    #[error("data plane: {reason}")]
+    DataPlane {
+        /// What is wrong.
+        reason: String,
+    },
     /// The block layer refused an operation the replay relies on; this is a
     /// bug in the simulator or in kvbm-blocks.
     #[error("block manager error: {0}")]

@@ -120,6 +120,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod capacity;
+mod data_plane;
 mod error;
 mod events;
 mod eviction;
@@ -138,6 +139,7 @@ mod wire;
 mod workload;
 
 pub use capacity::Capacity;
+pub use data_plane::{DataPlaneReport, DataPlaneSpec, MAX_DATA_PLANE_BYTES};
 pub use error::SimError;
 pub use events::{EventSink, KvEventCounts};
 pub use eviction::Eviction;

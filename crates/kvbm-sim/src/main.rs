@@ -211,8 +211,13 @@ fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     let events = sink
         .as_mut()
         .map(|sink| sink as &mut dyn kvbm_sim::EventSink);
-    let report =
-        kvbm_sim::mode::serve::replay_with_events(&loaded.trace, &config, progress, events)?;
+    let report = kvbm_sim::mode::serve::replay_with_data_plane(
+        &loaded.trace,
+        &config,
+        progress,
+        events,
+        args.data_plane.as_ref(),
+    )?;
     if let Some(sink) = sink {
         close_sink(sink);
     }

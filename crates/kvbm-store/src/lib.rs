@@ -57,7 +57,7 @@ mod store;
 pub use arena::HostArena;
 pub use block::{BlockRef, Checksum, fake_kv};
 pub use device::{DeviceMemory, HostDevice};
-pub use disk::DiskStore;
+pub use disk::{DiskConfig, DiskStore, Recovery};
 pub use engine::{DataPlaneStats, EngineConfig, Failure, Report, TierStore, TransferEngine};
 pub use error::StoreError;
 pub use store::BlockStore;

@@ -65,6 +65,7 @@ mod report;
 mod step_time;
 mod tier_report;
 mod tokens;
+mod transfers;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,6 +86,7 @@ pub use self::step_time::StepTime;
 pub use self::tier_report::{OnboardFigures, TierFigures, TierReport};
 pub(crate) use self::tokens::shared_prompt;
 pub use self::tokens::{prompt_tokens, trace_token};
+use self::transfers::EngineTransfers;
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
 use crate::tiers::LinkClock;
 use crate::trace::arrival_nanos;
@@ -293,12 +295,33 @@ pub fn replay(
 /// # Errors
 ///
 /// As [`replay`], and [`SimError::Events`] if the sink fails.
-#[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
 pub fn replay_with_events(
     trace: &Trace,
     config: &ServeConfig,
     progress: &mut dyn Progress,
     events: Option<&mut dyn EventSink>,
+) -> Result<ServeReport, SimError> {
+    replay_with_data_plane(trace, config, progress, events, None)
+}
+
+/// [`replay_with_events`], moving real bytes through the stores
+/// `data_plane` names behind the lower tiers (see
+/// [`DataPlaneSpec`](crate::DataPlaneSpec)); the report then has
+/// [`ServeReport::data_plane`]. Simulated time is unchanged; a transfer the
+/// data plane fails fails in the replay too.
+///
+/// # Errors
+///
+/// As [`replay_with_events`], and [`SimError::DataPlane`] if there is no
+/// lower tier, the stores cannot be opened, or device memory and host
+/// arenas would exceed [`MAX_DATA_PLANE_BYTES`](crate::MAX_DATA_PLANE_BYTES).
+#[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
+pub fn replay_with_data_plane(
+    trace: &Trace,
+    config: &ServeConfig,
+    progress: &mut dyn Progress,
+    events: Option<&mut dyn EventSink>,
+    data_plane: Option<&crate::DataPlaneSpec>,
 ) -> Result<ServeReport, SimError> {
     config.validate()?;
     let block_size = config.block_size;
@@ -313,6 +336,17 @@ pub fn replay_with_events(
     scheduler.set_metrics_enabled(config.metrics);
     progress.start("serving", trace.len() as u64);
     let mut sim = ServeSim::new(trace, config, scheduler)?;
+    if let Some(spec) = data_plane {
+        let block_bytes = config.tiers.block_bytes(block_size)?;
+        match &mut sim.transfers {
+            Some(transfers) => transfers.attach_data_plane(spec, &sim.scheduler, block_bytes)?,
+            None => {
+                return Err(SimError::DataPlane {
+                    reason: "--data-plane needs a tier below the GPU (--host-tier-tokens or --disk-tier-tokens)".into(),
+                });
+            }
+        }
+    }
     if events.is_some() {
         sim.tap_events();
     }
@@ -381,11 +415,9 @@ pub(crate) struct ServeSim<'a> {
     /// The engine's own lower tiers' cache events (not a shared pool's),
     /// with their media, when someone listens.
     lower_events: Vec<(String, EventTap)>,
-    /// With tiers below the GPU: the transfers on their links.
-    links: Option<LinkClock>,
-    /// Transfer reports and plans, reused every step.
-    reports: Vec<(kvbm_tiers::TransferId, kvbm_tiers::Outcome)>,
-    transfers: Vec<kvbm_tiers::Transfer>,
+    /// With tiers below the GPU: the transfers on their links (and, with
+    /// a data plane, their bytes).
+    transfers: Option<EngineTransfers>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -477,13 +509,13 @@ impl<'a> ServeSim<'a> {
             });
         }
         let plans = config.tiers.plan(config.block_size)?;
-        let links = if plans.is_empty() {
+        let transfers = if plans.is_empty() {
             None
         } else {
-            Some(LinkClock::new(
+            Some(EngineTransfers::new(LinkClock::new(
                 &plans,
                 config.tiers.block_bytes(config.block_size)?,
-            ))
+            )))
         };
         Ok(Self {
             trace,
@@ -503,9 +535,7 @@ impl<'a> ServeSim<'a> {
             counters: Counters::default(),
             events: None,
             lower_events: Vec::new(),
-            links,
-            reports: Vec::new(),
-            transfers: Vec::new(),
+            transfers,
         })
     }
 
@@ -614,7 +644,7 @@ impl<'a> ServeSim<'a> {
 
     /// The next arrival or transfer end, whichever comes first.
     pub(crate) fn next_event(&self) -> Option<u64> {
-        let transfer = self.links.as_ref().and_then(LinkClock::next_end);
+        let transfer = self.next_transfer_end();
         match (self.next_arrival_time(), transfer) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -623,33 +653,28 @@ impl<'a> ServeSim<'a> {
 
     /// When the next transfer under way ends (`None` without tiers).
     pub(crate) fn next_transfer_end(&self) -> Option<u64> {
-        self.links.as_ref().and_then(LinkClock::next_end)
+        self.transfers.as_ref().and_then(EngineTransfers::next_end)
     }
 
     /// Adds the link of a lower tier below the engine's own (a cluster's
     /// shared pool), for a scheduler built with that tier last.
     pub(crate) fn add_link(&mut self, link: crate::Link, block_bytes: u64) {
-        match &mut self.links {
-            Some(links) => links.push(link),
+        match &mut self.transfers {
+            Some(transfers) => transfers.links.push(link),
             None => {
                 let mut links = LinkClock::new(&[], block_bytes);
                 links.push(link);
-                self.links = Some(links);
+                self.transfers = Some(EngineTransfers::new(links));
             }
         }
     }
 
     /// Reports every transfer that ended by now to the scheduler.
     fn deliver_transfers(&mut self) -> Result<(), SimError> {
-        let Some(links) = &mut self.links else {
-            return Ok(());
-        };
-        self.reports.clear();
-        links.ended(self.now, &mut self.reports);
-        if !self.reports.is_empty() {
-            self.scheduler.report_transfers(&self.reports)?;
+        match &mut self.transfers {
+            Some(transfers) => transfers.deliver(self.now, &mut self.scheduler),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn next_arrival_time(&self) -> Option<u64> {
@@ -832,9 +857,9 @@ impl<'a> ServeSim<'a> {
                 track.onboarding_since = start;
             }
         }
-        if let Some(links) = &mut self.links {
+        if let Some(transfers) = &mut self.transfers {
             // Stores and this step's loads start with the step.
-            links.start(start, &plan.transfers);
+            transfers.start(start, &plan.transfers)?;
         }
         // Admissions: a request the plan hands a fresh table that was not
         // running. Its work starts at its matched prefix.
@@ -927,11 +952,9 @@ impl<'a> ServeSim<'a> {
             self.counters.max_running = self.counters.max_running.max(self.counters.running);
         }
         self.now = end;
-        if let Some(links) = &mut self.links {
+        if let Some(transfers) = &mut self.transfers {
             // What the step registered goes down as it ends.
-            self.transfers.clear();
-            self.scheduler.take_transfers(&mut self.transfers);
-            links.start(end, &self.transfers);
+            transfers.start_planned(end, &mut self.scheduler)?;
         }
         self.counters.output_tokens += report.generated_tokens as u64;
         for id in &report.first_tokens {
@@ -1053,13 +1076,14 @@ impl<'a> ServeSim<'a> {
                     .fold(tap.counts(), |all, (_, tap)| all.plus(&tap.counts()))
             }),
             tiers: self.tier_report(),
+            data_plane: (self.transfers.as_ref()).and_then(EngineTransfers::data_plane_report),
             requests: timelines,
         })
     }
 
     /// What the tiers below the GPU did (`None` without them).
     fn tier_report(&self) -> Option<TierReport> {
-        let links = self.links.as_ref()?;
+        let links = &self.transfers.as_ref()?.links;
         let tiers = self.scheduler.tiers()?;
         let block_size = self.scheduler.manager().block_size() as u64;
         let figures = (tiers.lower_ids().enumerate())
@@ -1099,5 +1123,7 @@ impl<'a> ServeSim<'a> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_data_plane;
 #[cfg(test)]
 mod tests_tiers;

@@ -77,7 +77,11 @@ fn corrupt_reads_fail_their_loads_and_never_reach_a_request() {
 
 #[test]
 fn a_full_queue_hands_the_transfer_back() {
-    let mut rig = Rig::new(64, 256, EngineConfig::default().with_workers(1).with_queue(1));
+    let mut rig = Rig::new(
+        64,
+        256,
+        EngineConfig::default().with_workers(1).with_queue(1),
+    );
     for seed in 0..16 {
         drop(rig.compute(&chain(seed, 1)));
     }

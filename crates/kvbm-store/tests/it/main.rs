@@ -1,4 +1,5 @@
 //! Integration tests of kvbm-store.
 mod arena;
+mod disk;
 mod engine;
 mod support;

@@ -191,6 +191,9 @@ pub struct ServeReport {
     /// What the tiers below the GPU did, with any configured
     /// ([`ServeConfig::tiers`](super::ServeConfig::tiers)).
     pub tiers: Option<TierReport>,
+    /// What the data plane moved and checked, with one
+    /// ([`replay_with_data_plane`](super::replay_with_data_plane)).
+    pub data_plane: Option<crate::DataPlaneReport>,
     /// Every trace request, in trace order.
     pub requests: Vec<RequestTimeline>,
 }
@@ -257,6 +260,12 @@ impl ServeReport {
             let (per_tier, onboarding) = tiers.to_json();
             map.insert("tiers".to_owned(), per_tier);
             map.insert("onboarding".to_owned(), onboarding);
+        }
+        if let (Some(data_plane), Some(map)) = (&self.data_plane, report.as_object_mut()) {
+            map.insert(
+                "data_plane".to_owned(),
+                serde_json::to_value(data_plane).unwrap_or_default(),
+            );
         }
         report
     }
@@ -448,6 +457,21 @@ impl fmt::Display for ServeReport {
         writeln!(f, "  E2E   {}", self.e2e)?;
         if let Some(tiers) = &self.tiers {
             write!(f, "{tiers}")?;
+        }
+        if let Some(data) = &self.data_plane {
+            writeln!(
+                f,
+                "  data plane ({}): {} blocks loaded, {} verified, {} wrong, {} failed; \
+                 {} bytes written, {} read; waited {:.3} s",
+                data.store,
+                data.loaded_blocks,
+                data.verified_blocks,
+                data.wrong_blocks,
+                data.failed_blocks,
+                data.bytes_written,
+                data.bytes_read,
+                data.wait_seconds
+            )?;
         }
         writeln!(f, "  replay {:.1} ms", ms(self.replay_time))
     }
