@@ -1,5 +1,6 @@
 //! Integration tests of kvbm-store.
 mod arena;
+mod contract;
 mod disk;
 mod engine;
 mod support;
