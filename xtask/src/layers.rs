@@ -16,6 +16,8 @@ pub(crate) const LAYERS: &[&str] = &[
     "kvbm-router",
     // The data plane: above every core crate, so none of them can depend on it.
     "kvbm-store",
+    // The remote tier: a BlockStore on Redis Cluster, above kvbm-store.
+    "kvbm-store-redis",
     "kvbm-sim",
 ];
 

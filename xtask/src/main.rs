@@ -6,6 +6,7 @@
 
 mod layers;
 mod mocker;
+mod redis;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ const GATES: &[Gate] = &[
     },
     Gate {
         name: "test",
-        about: "unit, integration and doc tests of the kvbm crates",
+        about: "unit, integration and doc tests of the kvbm crates (starts a Redis Cluster)",
         run: test,
     },
     Gate {
@@ -214,8 +215,15 @@ fn doc(sh: &Shell) -> Result<()> {
 
 fn test(sh: &Shell) -> Result<()> {
     let cargo = cargo();
+    // kvbm-store-redis's tests need a real cluster; the guard shuts it down
+    // when this returns, whether the tests passed or not.
+    let cluster = redis::start(sh)?;
     // Default members only: the kvbm crates, never the benchmark peers.
-    cmd!(sh, "{cargo} test --all-features").run()?;
+    let mut test = cmd!(sh, "{cargo} test --all-features");
+    if let Some(cluster) = &cluster {
+        test = test.env(redis::CLUSTER_ENV, cluster.nodes());
+    }
+    test.run()?;
     Ok(())
 }
 
