@@ -130,6 +130,25 @@ pub(crate) struct SimDataPlane {
     verified: u64,
     wrong: u64,
     waited: Duration,
+    /// A remote store whose namespace is this replay's alone: emptied when
+    /// the replay ends, so a replay leaves nothing behind in the cluster.
+    remote: Option<Arc<dyn BlockStore>>,
+}
+
+impl Drop for SimDataPlane {
+    fn drop(&mut self) {
+        let Some(remote) = &self.remote else {
+            return;
+        };
+        match remote.keys() {
+            Ok(keys) => {
+                for chunk in keys.chunks(1024) {
+                    let _ = remote.remove(chunk);
+                }
+            }
+            Err(err) => tracing::warn!(%err, "the replay's Redis keys were not removed"),
+        }
+    }
 }
 
 impl fmt::Debug for SimDataPlane {
@@ -181,6 +200,7 @@ impl SimDataPlane {
             HostDevice::new(block_bytes, tiers.device().total_blocks()).map_err(store_error)?,
         );
         let mut stores = Vec::with_capacity(lower.len());
+        let mut remote = None;
         for &tier in &lower {
             let blocks = blocks_of(tier);
             let store: Arc<dyn BlockStore> = match spec {
@@ -189,7 +209,9 @@ impl SimDataPlane {
                         .map_err(store_error)?,
                 ),
                 DataPlaneSpec::Redis(nodes) if tier == lowest => {
-                    redis_store(nodes, block_bytes, blocks)?
+                    let store = redis_store(nodes, block_bytes, blocks)?;
+                    remote = Some(Arc::clone(&store));
+                    store
                 }
                 _ => Arc::new(HostArena::new(block_bytes, blocks).map_err(store_error)?),
             };
@@ -213,6 +235,7 @@ impl SimDataPlane {
             verified: 0,
             wrong: 0,
             waited: Duration::ZERO,
+            remote,
         })
     }
 
@@ -311,13 +334,36 @@ impl SimDataPlane {
     }
 }
 
+/// The lowest tier on a Redis Cluster, under a namespace of its own for
+/// this replay (removed again when the replay ends).
+#[cfg(feature = "redis")]
 fn redis_store(
     nodes: &[String],
     block_bytes: usize,
     blocks: usize,
 ) -> Result<Arc<dyn BlockStore>, SimError> {
-    let _ = (nodes, block_bytes, blocks);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let namespace = format!("kvbm-sim/{}-{}", std::process::id(), started.as_nanos());
+    let config =
+        kvbm_store_redis::RedisConfig::new(nodes.iter().cloned(), namespace, block_bytes, blocks);
+    let store = kvbm_store_redis::RedisClusterStore::connect(config).map_err(|err| {
+        SimError::DataPlane {
+            reason: err.to_string(),
+        }
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// Without the `redis` feature there is no Redis store.
+#[cfg(not(feature = "redis"))]
+fn redis_store(
+    _nodes: &[String],
+    _block_bytes: usize,
+    _blocks: usize,
+) -> Result<Arc<dyn BlockStore>, SimError> {
     Err(SimError::DataPlane {
-        reason: "the Redis store is wired in the next commit".into(),
+        reason: "this kvbm-sim was built without the `redis` feature".into(),
     })
 }

@@ -74,6 +74,7 @@
 mod config;
 mod error;
 mod pool;
+mod scan;
 mod store;
 mod value;
 

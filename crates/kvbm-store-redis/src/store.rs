@@ -69,6 +69,7 @@ pub struct RedisClusterStore {
     /// Blocks this store put and did not remove.
     held: AtomicUsize,
     pool: Pool,
+    connection_timeout: Duration,
     response_timeout: Duration,
     call_timeout: Duration,
 }
@@ -123,6 +124,7 @@ impl RedisClusterStore {
             capacity: config.capacity_blocks,
             held: AtomicUsize::new(0),
             pool,
+            connection_timeout: config.connection_timeout,
             response_timeout: config.response_timeout,
             call_timeout: config.call_timeout,
         })
@@ -491,5 +493,19 @@ impl BlockStore for RedisClusterStore {
                 Err(err) => Err(err),
             })
             .collect()
+    }
+    /// Every block key under this store's namespace, on every healthy
+    /// master (`SCAN`; blocks another process put under the namespace
+    /// included), within the call's time budget.
+    fn keys(&self) -> Result<Vec<u128>, StoreError> {
+        crate::scan::keys(
+            &self.nodes,
+            &self.namespace,
+            crate::scan::Limits {
+                connection: self.connection_timeout,
+                response: self.response_timeout,
+                call: self.call_timeout,
+            },
+        )
     }
 }

@@ -36,6 +36,14 @@ fn blocks_round_trip_byte_for_byte() {
     }
     assert_eq!(store.len(), 64);
     assert_eq!(store.contains(&keys), vec![true; 64]);
+    let mut listed = store.keys().unwrap();
+    listed.sort_unstable();
+    let mut expected = keys.clone();
+    expected.sort_unstable();
+    assert_eq!(
+        listed, expected,
+        "keys() lists exactly the namespace's blocks"
+    );
 
     let mut buffers = vec![vec![0u8; BLOCK]; keys.len()];
     let mut reads: Vec<(u128, &mut [u8])> = keys
@@ -120,6 +128,11 @@ fn namespaces_keep_deployments_apart() {
     assert_eq!(out, bytes_a);
     b.get(&mut [(key, &mut out[..])]).pop().unwrap().unwrap();
     assert_eq!(out, bytes_b);
+    assert_eq!(a.keys().unwrap(), [key]);
+    assert_eq!(b.keys().unwrap(), [key]);
+    assert!(matches!(b.remove(&[key])[..], [Ok(true)]));
+    assert!(b.keys().unwrap().is_empty());
+    assert_eq!(a.keys().unwrap(), [key]);
 }
 
 #[test]

@@ -147,3 +147,40 @@ fn data_plane_specs_parse_and_print() {
         assert!(bad.parse::<DataPlaneSpec>().is_err(), "{bad}");
     }
 }
+
+/// The Redis Cluster `cargo xtask test` starts, as `redis://` URLs; `None`
+/// (with a loud message) outside CI without one. In CI it must be there.
+#[cfg(feature = "redis")]
+fn redis_cluster(test: &str) -> Option<Vec<String>> {
+    match std::env::var("KVBM_REDIS_CLUSTER") {
+        Ok(nodes) if !nodes.is_empty() => Some(nodes.split(',').map(str::to_owned).collect()),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("{test}: CI must start the Redis Cluster (KVBM_REDIS_CLUSTER is not set)")
+        }
+        _ => {
+            eprintln!("*** SKIPPED {test}: no Redis Cluster (run `cargo xtask test`)");
+            None
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_redis_cluster_serves_the_lowest_tier() {
+    let Some(nodes) = redis_cluster("a_redis_cluster_serves_the_lowest_tier")
+    else {
+        return;
+    };
+    let config = config(TierSetup::default().with_host_tokens(1 << 16));
+    let spec = DataPlaneSpec::Redis(nodes.clone());
+    let plain = run(&config, None);
+    let real = run(&config, Some(&spec));
+    assert_eq!(simulated(&plain), simulated(&real));
+    let data = real.data_plane.as_ref().unwrap();
+    assert!(data.loaded_blocks >= 127);
+    assert_eq!(
+        (data.verified_blocks, data.wrong_blocks),
+        (data.loaded_blocks, 0)
+    );
+    assert_eq!(data.failed_blocks, 0);
+}
