@@ -42,12 +42,51 @@ fn seed(key: u128) -> u64 {
     (key as u64) ^ ((key >> 64) as u64).rotate_left(29)
 }
 
+/// Where a block sits in its sequence: its parent's hash value and its
+/// position, the rest of its [`SequenceHash`] beside the key. A store that
+/// outlives its process (the disk) keeps it, so the tier can take its
+/// blocks back after a restart with their lineage whole
+/// ([`DiskStore::blocks`](crate::DiskStore::blocks)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Lineage {
+    /// The parent block's hash value; `None` for a sequence's first block.
+    pub parent: Option<u128>,
+    /// The block's index in its sequence.
+    pub position: u32,
+}
+
+impl Lineage {
+    /// A sequence's first block.
+    pub const ROOT: Self = Self {
+        parent: None,
+        position: 0,
+    };
+
+    /// The lineage of `hash`.
+    pub fn of(hash: SequenceHash) -> Self {
+        Self {
+            parent: hash.parent(),
+            position: hash.position(),
+        }
+    }
+
+    /// The whole hash of the block `key` with this lineage (a lineage that
+    /// does not hold together, a parent at position 0 or none past it, is
+    /// taken as a root's).
+    pub fn hash(self, key: u128) -> SequenceHash {
+        SequenceHash::from_parts(key, self.parent, self.position)
+            .unwrap_or_else(|_| SequenceHash::root(key))
+    }
+}
+
 /// One block to put: its key (the block's [`SequenceHash`] value), its
-/// checksum and its bytes.
+/// lineage, its checksum and its bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockRef<'a> {
     /// The block's hash value ([`SequenceHash::value`]).
     pub key: u128,
+    /// The rest of its hash (stores that keep it: the disk).
+    pub lineage: Lineage,
     /// [`Checksum::of`] the key and bytes.
     pub checksum: Checksum,
     /// The block's bytes, the store's block size long.
@@ -60,6 +99,7 @@ impl<'a> BlockRef<'a> {
         let key = hash.value();
         Self {
             key,
+            lineage: Lineage::of(hash),
             checksum: Checksum::of(key, bytes),
             bytes,
         }

@@ -55,7 +55,7 @@ mod slots;
 mod store;
 
 pub use arena::HostArena;
-pub use block::{BlockRef, Checksum, fake_kv};
+pub use block::{BlockRef, Checksum, Lineage, fake_kv};
 pub use device::{DeviceMemory, HostDevice};
 pub use disk::{DiskConfig, DiskStore, Recovery};
 pub use engine::{DataPlaneStats, EngineConfig, Failure, Report, TierStore, TransferEngine};

@@ -29,6 +29,9 @@ pub enum TierError {
         #[source]
         source: kvbm_blocks::BlockError,
     },
+    /// A tier these tiers do not have below the device.
+    #[error("no lower tier {0}")]
+    UnknownTier(crate::TierId),
     /// A report names a transfer that was never planned, or that was
     /// already settled (completed, failed).
     #[error("transfer {0} is not in flight")]

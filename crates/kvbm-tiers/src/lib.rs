@@ -56,6 +56,7 @@
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+mod adopt;
 mod audit;
 mod config;
 mod error;

@@ -20,6 +20,9 @@ pub struct TierStats {
     pub evicted_blocks: u64,
     /// Blocks of request prefixes found in it and chosen for loading.
     pub hit_blocks: u64,
+    /// Blocks its store already held, registered without a copy
+    /// ([`Tiers::adopt`](crate::Tiers::adopt)).
+    pub adopted_blocks: u64,
 }
 
 /// Transfers planned and settled; `planned == completed + failed +

@@ -105,6 +105,7 @@ pub(crate) fn kv(key: u128, block_bytes: usize) -> Vec<u8> {
 pub(crate) fn block(key: u128, bytes: &[u8]) -> BlockRef<'_> {
     BlockRef {
         key,
+        lineage: kvbm_store::Lineage::ROOT,
         checksum: Checksum::of(key, bytes),
         bytes,
     }

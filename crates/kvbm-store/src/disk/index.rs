@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 
-use crate::{BlockRef, Checksum, StoreError};
+use crate::{BlockRef, Checksum, Lineage, StoreError};
 
 #[derive(Debug)]
 pub(crate) struct Index {
@@ -34,6 +34,8 @@ pub(crate) struct Entry {
     pub(crate) slot: u32,
     pub(crate) checksum: Checksum,
     pub(crate) seq: u64,
+    /// The rest of the block's hash, as its header keeps it.
+    pub(crate) lineage: Lineage,
     /// The bytes are on disk (the put's write has ended).
     pub(crate) ready: bool,
 }
@@ -88,6 +90,15 @@ impl Index {
         self.entries.get(&key).is_some_and(|entry| entry.ready)
     }
 
+    /// Every readable block's whole hash.
+    pub(crate) fn hashes(&self) -> Vec<kvbm_blocks::SequenceHash> {
+        self.entries
+            .iter()
+            .filter(|(_, entry)| entry.ready)
+            .map(|(key, entry)| entry.lineage.hash(*key))
+            .collect()
+    }
+
     pub(crate) fn keys(&self) -> Vec<u128> {
         self.entries
             .iter()
@@ -130,6 +141,7 @@ impl Index {
                 slot,
                 checksum: block.checksum,
                 seq,
+                lineage: block.lineage,
                 ready: false,
             },
         );

@@ -7,7 +7,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::Checksum;
+use crate::{Checksum, Lineage};
 
 /// The metadata file: the store's geometry, written once (atomically).
 pub(crate) const META: &str = "kvbm-disk-store.meta";
@@ -19,7 +19,7 @@ pub(crate) const LOCK: &str = "kvbm-disk-store.lock";
 pub(crate) const PROBE: &str = "kvbm-disk-store.probe";
 
 /// Bytes of a slot's header, before the block's bytes.
-pub(crate) const HEADER: usize = 64;
+pub(crate) const HEADER: usize = 128;
 /// Slots start on page boundaries.
 const PAGE: u64 = 4096;
 /// The largest block a disk store takes: a KV block is megabytes at most,
@@ -34,9 +34,10 @@ const DEFAULT_FILE_BYTES: u64 = 1 << 30;
 /// Bytes the metadata file holds; a larger file is not a disk store's.
 pub(crate) const META_LEN: usize = 56;
 const META_MAGIC: [u8; 8] = *b"KVBMDISK";
-const VERSION: u32 = 1;
+/// 2: slot headers of 128 bytes keep the block's lineage (parent, position).
+const VERSION: u32 = 2;
 
-const LIVE: [u8; 8] = *b"KVBMBLK1";
+const LIVE: [u8; 8] = *b"KVBMBLK2";
 const DEAD: [u8; 8] = *b"KVBMDEAD";
 
 /// The name of slot file `file`.
@@ -261,7 +262,12 @@ pub(crate) struct Header {
     pub(crate) len: u64,
     /// Which put wrote it: of two slots with one key, the later wins.
     pub(crate) seq: u64,
+    /// The rest of the block's hash.
+    pub(crate) lineage: Lineage,
 }
+
+/// Where the header's own checksum sits: after everything it covers.
+const SEAL: usize = HEADER - 8;
 
 /// What a slot's header says.
 #[derive(Debug, PartialEq, Eq)]
@@ -285,6 +291,9 @@ impl Header {
         out[24..32].copy_from_slice(&self.checksum.get().to_le_bytes());
         out[32..40].copy_from_slice(&self.len.to_le_bytes());
         out[40..48].copy_from_slice(&self.seq.to_le_bytes());
+        out[48..64].copy_from_slice(&self.lineage.parent.unwrap_or(0).to_le_bytes());
+        out[64..68].copy_from_slice(&self.lineage.position.to_le_bytes());
+        out[68] = u8::from(self.lineage.parent.is_some());
         seal(&mut out);
         out
     }
@@ -298,10 +307,10 @@ pub(crate) fn dead_header() -> [u8; HEADER] {
     out
 }
 
-/// Writes the header's checksum over its first 56 bytes.
+/// Writes the header's checksum over everything before it.
 fn seal(out: &mut [u8; HEADER]) {
-    let sum = xxh3_64(&out[..56]);
-    out[56..64].copy_from_slice(&sum.to_le_bytes());
+    let sum = xxh3_64(&out[..SEAL]);
+    out[SEAL..].copy_from_slice(&sum.to_le_bytes());
 }
 
 impl SlotHeader {
@@ -314,19 +323,28 @@ impl SlotHeader {
         if magic != LIVE && magic != DEAD {
             return Self::Bad("the slot header's magic is wrong");
         }
-        if u64_at(bytes, 56) != xxh3_64(&bytes[..56]) {
+        if u64_at(bytes, SEAL) != xxh3_64(&bytes[..SEAL]) {
             return Self::Bad("the slot header's checksum does not match");
         }
         if magic == DEAD {
             return Self::Dead;
         }
-        let mut key = [0u8; 16];
-        key.copy_from_slice(&bytes[8..24]);
+        let u128_at = |at: usize| {
+            let mut word = [0u8; 16];
+            word.copy_from_slice(&bytes[at..at + 16]);
+            u128::from_le_bytes(word)
+        };
+        let mut position = [0u8; 4];
+        position.copy_from_slice(&bytes[64..68]);
         Self::Live(Header {
-            key: u128::from_le_bytes(key),
+            key: u128_at(8),
             checksum: Checksum::from_raw(u64_at(bytes, 24)),
             len: u64_at(bytes, 32),
             seq: u64_at(bytes, 40),
+            lineage: Lineage {
+                parent: (bytes[68] != 0).then(|| u128_at(48)),
+                position: u32::from_le_bytes(position),
+            },
         })
     }
 }

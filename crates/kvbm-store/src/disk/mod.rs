@@ -187,6 +187,14 @@ impl DiskStore {
         &self.dir
     }
 
+    /// Every block it holds, with its whole hash (key and lineage, as the
+    /// slot headers keep them): after a restart, what the disk tier's
+    /// bookkeeping adopts ([`Tiers::adopt`](kvbm_tiers::Tiers::adopt)) so
+    /// the blocks whose writes completed are found again.
+    pub fn blocks(&self) -> Vec<kvbm_blocks::SequenceHash> {
+        self.index().hashes()
+    }
+
     fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -213,6 +221,7 @@ impl DiskStore {
             checksum: block.checksum,
             len: block_bytes as u64,
             seq,
+            lineage: block.lineage,
         };
         buffer[..HEADER].copy_from_slice(&header.encode());
         buffer[HEADER..].copy_from_slice(block.bytes);

@@ -116,6 +116,7 @@ pub(crate) fn recover(
                 slot,
                 checksum: header.checksum,
                 seq: header.seq,
+                lineage: header.lineage,
                 ready: true,
             };
             match entries.entry(header.key) {

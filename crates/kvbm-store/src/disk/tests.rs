@@ -59,8 +59,17 @@ fn slot_headers_round_trip_and_every_flipped_bit_is_caught() {
         checksum: Checksum::from_raw(77),
         len: 4096,
         seq: 9,
+        lineage: crate::Lineage {
+            parent: Some(u128::MAX - 5),
+            position: 70_000,
+        },
     };
     let bytes = header.encode();
+    let root = Header {
+        lineage: crate::Lineage::ROOT,
+        ..header
+    };
+    assert_eq!(SlotHeader::decode(&root.encode()), SlotHeader::Live(root));
     assert_eq!(SlotHeader::decode(&bytes), SlotHeader::Live(header));
     assert_eq!(SlotHeader::decode(&dead_header()), SlotHeader::Dead);
     assert_eq!(SlotHeader::decode(&[0; HEADER]), SlotHeader::Empty);

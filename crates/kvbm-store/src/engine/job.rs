@@ -2,12 +2,12 @@
 //! store gives back, write it to its destination, in batches of bounded
 //! size.
 
-use kvbm_blocks::BlockId;
+use kvbm_blocks::{BlockId, SequenceHash};
 use kvbm_tiers::Transfer;
 
 use super::stats::{Counters, add};
 use super::{Endpoint, Failure};
-use crate::{BlockRef, Checksum, StoreError};
+use crate::{BlockRef, Checksum, Lineage, StoreError};
 
 /// What one worker needs to run transfers, shared by all workers.
 pub(crate) struct Context<'a> {
@@ -39,16 +39,17 @@ pub(crate) fn run(
     let mut sums: Vec<Checksum> = Vec::with_capacity(cx.batch_blocks);
     let keys: Vec<u128> = transfer.hashes.iter().map(|h| h.value()).collect();
     let result = (|| {
-        for (chunk, (pairs, keys)) in pairs
+        for (chunk, ((pairs, keys), hashes)) in pairs
             .chunks(cx.batch_blocks)
             .zip(keys.chunks(cx.batch_blocks))
+            .zip(transfer.hashes.chunks(cx.batch_blocks))
             .enumerate()
         {
             let first = chunk * cx.batch_blocks;
             let buffer = &mut buffer[..pairs.len() * cx.block_bytes];
             sums.clear();
             read(cx, source, pairs, keys, buffer, &mut sums, first)?;
-            write(cx, destination, pairs, keys, buffer, &sums, first)?;
+            write(cx, destination, pairs, hashes, buffer, &sums, first)?;
         }
         Ok(())
     })();
@@ -128,21 +129,21 @@ fn write(
     cx: &Context<'_>,
     destination: &Endpoint,
     pairs: &[(BlockId, BlockId)],
-    keys: &[u128],
+    hashes: &[SequenceHash],
     buffer: &[u8],
     sums: &[Checksum],
     first: usize,
 ) -> Result<(), Failure> {
     match destination {
         Endpoint::Device(device) => {
-            for (i, ((_, to), (key, bytes))) in pairs
+            for (i, ((_, to), (hash, bytes))) in pairs
                 .iter()
-                .zip(keys.iter().zip(buffer.chunks(cx.block_bytes)))
+                .zip(hashes.iter().zip(buffer.chunks(cx.block_bytes)))
                 .enumerate()
             {
                 device
                     .write(*to, bytes)
-                    .map_err(|err| Failure::block(first + i, *key, err))?;
+                    .map_err(|err| Failure::block(first + i, hash.value(), err))?;
                 add(&cx.counters.loaded_blocks, 1);
             }
         }
@@ -152,12 +153,13 @@ fn write(
             if let Some(follower) = follower {
                 follower.sync(store, cx.counters);
             }
-            let blocks: Vec<BlockRef<'_>> = keys
+            let blocks: Vec<BlockRef<'_>> = hashes
                 .iter()
                 .zip(sums)
                 .zip(buffer.chunks(cx.block_bytes))
-                .map(|((key, checksum), bytes)| BlockRef {
-                    key: *key,
+                .map(|((hash, checksum), bytes)| BlockRef {
+                    key: hash.value(),
+                    lineage: Lineage::of(*hash),
                     checksum: *checksum,
                     bytes,
                 })

@@ -19,6 +19,7 @@ fn block(key: u128) -> Vec<u8> {
 fn put(key: u128, bytes: &[u8]) -> BlockRef<'_> {
     BlockRef {
         key,
+        lineage: kvbm_store::Lineage::ROOT,
         checksum: Checksum::of(key, bytes),
         bytes,
     }

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use kvbm_store::{BlockRef, BlockStore, Checksum, DiskConfig, DiskStore, StoreError, fake_kv};
 use proptest::prelude::*;
 
-/// Blocks of the tests: with the 64-byte header, one 4 KiB page a slot.
+/// Blocks of the tests: with the 128-byte header, one 4 KiB page a slot.
 const BYTES: usize = 256;
 const STRIDE: u64 = 4096;
-const HEADER: u64 = 64;
+const HEADER: u64 = 128;
 
 fn block(seed: u128) -> Vec<u8> {
     let mut out = vec![0; BYTES];
@@ -24,6 +24,7 @@ fn block(seed: u128) -> Vec<u8> {
 fn put(key: u128, bytes: &[u8]) -> BlockRef<'_> {
     BlockRef {
         key,
+        lineage: kvbm_store::Lineage::ROOT,
         checksum: Checksum::of(key, bytes),
         bytes,
     }
@@ -597,8 +598,9 @@ fn live_key(dir: &Path, slot: u64) -> Option<u128> {
     let file = fs::File::open(path).ok()?;
     let mut header = [0u8; HEADER as usize];
     file.read_exact_at(&mut header, at).ok()?;
-    let sum = xxhash_rust::xxh3::xxh3_64(&header[..56]);
-    (&header[..8] == b"KVBMBLK1" && header[56..].iter().eq(&sum.to_le_bytes()))
+    let seal = HEADER as usize - 8;
+    let sum = xxhash_rust::xxh3::xxh3_64(&header[..seal]);
+    (&header[..8] == b"KVBMBLK2" && header[seal..].iter().eq(&sum.to_le_bytes()))
         .then(|| u128::from_le_bytes(header[8..24].try_into().unwrap()))
 }
 

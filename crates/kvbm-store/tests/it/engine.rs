@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use kvbm_blocks::SequenceHash;
-use kvbm_store::{BlockStore, EngineConfig};
+use kvbm_store::EngineConfig;
 use kvbm_tiers::TierId;
 use proptest::prelude::*;
 

@@ -3,4 +3,5 @@ mod arena;
 mod contract;
 mod disk;
 mod engine;
+mod restart;
 mod support;

@@ -120,7 +120,8 @@ pub(crate) struct Rig {
     pub(crate) memory: Arc<HostDevice>,
     pub(crate) tiers: Tiers<Gpu>,
     pub(crate) engine: TransferEngine,
-    pub(crate) host: Arc<HostArena>,
+    /// The lower tier's store (behind the fault injector).
+    pub(crate) host: Arc<dyn BlockStore>,
     pub(crate) faults: Arc<Faults>,
     /// Loaded blocks that held another block's KV (must stay 0).
     pub(crate) wrong: usize,
@@ -130,15 +131,35 @@ pub(crate) struct Rig {
 
 impl Rig {
     pub(crate) fn new(device_blocks: usize, host_blocks: usize, config: EngineConfig) -> Self {
+        let host = Arc::new(HostArena::new(BYTES, host_blocks).unwrap());
+        Self::with_store(
+            device_blocks,
+            TierConfig::new("CPU", host_blocks),
+            host,
+            &[],
+            config,
+        )
+    }
+
+    /// A device of `device_blocks` above one lower tier `tier` whose bytes
+    /// are in `store`, which already holds `adopt` (a store reopened after
+    /// a restart).
+    pub(crate) fn with_store(
+        device_blocks: usize,
+        tier: TierConfig,
+        host: Arc<dyn BlockStore>,
+        adopt: &[SequenceHash],
+        config: EngineConfig,
+    ) -> Self {
         let pool = BlockManager::builder()
             .block_count(device_blocks)
             .block_size(TOKENS)
             .build()
             .unwrap();
-        let tiers = Tiers::new(pool.clone(), vec![TierConfig::new("CPU", host_blocks)]).unwrap();
+        let mut tiers = Tiers::new(pool.clone(), vec![tier]).unwrap();
         let host_tier = TierId::lower(0).unwrap();
+        tiers.adopt(host_tier, adopt).unwrap();
         let memory = Arc::new(HostDevice::new(BYTES, device_blocks).unwrap());
-        let host = Arc::new(HostArena::new(BYTES, host_blocks).unwrap());
         let faults = Arc::new(Faults::default());
         let faulty: Arc<dyn BlockStore> = Arc::new(Faulty {
             inner: host.clone(),

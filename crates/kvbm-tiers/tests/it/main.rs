@@ -2,6 +2,7 @@
 //! transfer protocol, onboarding across tiers, and a fuzzer over arbitrary
 //! call sequences and engine reports.
 
+mod adopt;
 mod fuzz;
 mod immediate;
 mod onboard;
