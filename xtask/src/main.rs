@@ -7,6 +7,7 @@
 mod layers;
 mod mocker;
 mod redis;
+mod store_limits;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -102,6 +103,7 @@ fn main() -> Result<()> {
         Some("ci") => ci(&sh, keep_going),
         Some("bench") => bench(&sh),
         Some("mocker-compare") => mocker::compare(&sh, text_option(&args, "--trace")?),
+        Some("store-limits") => store_limits::run(&sh),
         Some("fuzz") => fuzz(&sh, cases.unwrap_or(DEFAULT_FUZZ_CASES)),
         Some(name) => match GATES.iter().find(|gate| gate.name == name) {
             Some(gate) => (gate.run)(&sh),
@@ -130,6 +132,11 @@ fn help() {
         "  {:<12} Dynamo's mocker and kvbm-sim cluster on one trace, side by side \
          (--trace FILE, default ../shared/traces/conversation_trace.jsonl; not part of ci)",
         "mocker-compare"
+    );
+    eprintln!(
+        "  {:<12} each block store beside its medium's limit (memcpy, plain file I/O, \
+         redis-benchmark), as a ratio table (not part of ci)",
+        "store-limits"
     );
     eprintln!(
         "  {:<12} run every crate's API fuzzers and liveness properties long, in release \
