@@ -497,6 +497,12 @@ impl BlockStore for RedisClusterStore {
     /// Every block key under this store's namespace, on every healthy
     /// master (`SCAN`; blocks another process put under the namespace
     /// included), within the call's time budget.
+    /// Always: a get checks the value's header and recomputes the
+    /// block's checksum.
+    fn verifies_reads(&self) -> bool {
+        true
+    }
+
     fn keys(&self) -> Result<Vec<u128>, StoreError> {
         crate::scan::keys(
             &self.nodes,

@@ -52,6 +52,15 @@ pub trait BlockStore: Send + Sync + std::fmt::Debug {
     /// Removes each key; one result per key: whether it was stored.
     fn remove(&self, keys: &[u128]) -> Vec<Result<bool, StoreError>>;
 
+    /// Whether [`get`](Self::get) itself verifies every block's bytes
+    /// against its key and checksum before answering (the disk and Redis
+    /// stores do; memory does not rot, so the arena does not). The transfer
+    /// engine then does not hash the bytes a second time; it verifies
+    /// every block read from a store that does not.
+    fn verifies_reads(&self) -> bool {
+        false
+    }
+
     /// Every key it holds now, so a store can be brought back in line with
     /// its tier after the tier forgot what the store kept (a cleared tier, a
     /// lagging event stream, a restart).

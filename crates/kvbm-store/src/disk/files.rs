@@ -70,6 +70,13 @@ impl SlotFiles {
         self.file(file)?.write_all_at(bytes, at)
     }
 
+    /// Writes `slot`'s block (the store's block size long), after its
+    /// header's place.
+    pub(crate) fn write_block(&self, slot: u32, bytes: &[u8]) -> io::Result<()> {
+        let (file, at) = self.geometry.place(slot);
+        self.file(file)?.write_all_at(bytes, at + HEADER as u64)
+    }
+
     /// Reads `slot`'s header.
     pub(crate) fn read_header(&self, slot: u32, into: &mut [u8; HEADER]) -> io::Result<()> {
         let (file, at) = self.geometry.place(slot);

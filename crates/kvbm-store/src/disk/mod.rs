@@ -199,33 +199,21 @@ impl DiskStore {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes `block` into `slot` as put number `seq`, through `buffer`.
-    fn write(
-        &self,
-        buffer: &mut Vec<u8>,
-        slot: u32,
-        seq: u64,
-        block: &BlockRef<'_>,
-    ) -> io::Result<()> {
-        let block_bytes = self.geometry.block_bytes();
-        let len = HEADER + block_bytes;
-        if buffer.len() != len {
-            buffer.clear();
-            buffer
-                .try_reserve_exact(len)
-                .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
-            buffer.resize(len, 0);
-        }
+    /// Writes `block` into `slot` as put number `seq`: the block's bytes
+    /// straight from the caller's buffer, then the header. Two positional
+    /// writes and no copy; the header goes last, so a header on disk never
+    /// describes bytes that are not there yet (a crash between the two
+    /// leaves the slot's tombstone, or a torn slot recovery drops).
+    fn write(&self, slot: u32, seq: u64, block: &BlockRef<'_>) -> io::Result<()> {
         let header = Header {
             key: block.key,
             checksum: block.checksum,
-            len: block_bytes as u64,
+            len: self.geometry.block_bytes() as u64,
             seq,
             lineage: block.lineage,
         };
-        buffer[..HEADER].copy_from_slice(&header.encode());
-        buffer[HEADER..].copy_from_slice(block.bytes);
-        self.files.write(slot, buffer)
+        self.files.write_block(slot, block.bytes)?;
+        self.files.write(slot, &header.encode())
     }
 
     /// Reads `entry` of `key` into `into` and verifies it.
@@ -359,16 +347,14 @@ impl BlockStore for DiskStore {
                 .map(|block| index.claim(block, block_bytes))
                 .collect()
         };
-        let mut buffer = Vec::new();
         let mut written: Vec<Option<io::Result<()>>> = blocks
             .iter()
             .zip(&claims)
             .map(|(block, claim)| match claim {
-                Claim::Write { slot, seq } => Some(self.write(&mut buffer, *slot, *seq, block)),
+                Claim::Write { slot, seq } => Some(self.write(*slot, *seq, block)),
                 Claim::Done(_) => None,
             })
             .collect();
-        drop(buffer);
         if self.sync {
             let slots =
                 claims
@@ -457,5 +443,10 @@ impl BlockStore for DiskStore {
 
     fn keys(&self) -> Result<Vec<u128>, StoreError> {
         Ok(self.index().keys())
+    }
+
+    /// Always: a get checks the slot's header and the block's checksum.
+    fn verifies_reads(&self) -> bool {
+        true
     }
 }

@@ -90,3 +90,37 @@ fn completed_stores_survive_a_restart_and_rot_is_recomputed() {
     assert_eq!(rig.engine.stats().failed_transfers, 0);
     rig.tiers.audit().unwrap();
 }
+
+#[test]
+fn a_block_that_rots_on_disk_while_running_fails_its_load_never_loads_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::with_store(
+        8,
+        TierConfig::new("DISK", 64),
+        disk(dir.path()),
+        &[],
+        EngineConfig::default(),
+    );
+    let first = chain(1, 6);
+    drop(rig.compute(&first));
+    rig.drain();
+    drop(rig.compute(&chain(2, 8)));
+    rig.drain();
+    // Every slot of the first file rots under the running store.
+    let slots = OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("slots-00000.bin"))
+        .unwrap();
+    for slot in 0..8u64 {
+        slots.write_at(&[0x5a; 5], 4096 * slot + 200).unwrap();
+    }
+    drop(slots);
+    assert_eq!(rig.tiers.onboard(&first, 8).blocks, 6);
+    rig.drain();
+    let stats = rig.engine.stats();
+    assert_eq!((rig.verified, rig.wrong), (0, 0));
+    assert!(stats.corrupt_blocks >= 1, "{stats:?}");
+    assert_eq!(stats.loaded_blocks, 0, "a rotten block reached the device");
+    assert!(rig.pool.match_blocks(&first).is_empty());
+    rig.tiers.audit().unwrap();
+}
