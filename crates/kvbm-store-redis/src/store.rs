@@ -72,7 +72,16 @@ pub struct RedisClusterStore {
     connection_timeout: Duration,
     response_timeout: Duration,
     call_timeout: Duration,
+    /// Parts a large batch is cut into, each on its own connection.
+    parallel: usize,
 }
+
+/// Batches carrying at least this many bytes run in parts in parallel
+/// ([`RedisClusterStore::run_parts`]).
+const PARALLEL_BYTES: usize = 1 << 20;
+
+/// Parts a large batch is cut into at most.
+const MAX_PARTS: usize = 4;
 
 /// What a put does for one block.
 #[derive(Clone, Copy, Debug)]
@@ -127,6 +136,7 @@ impl RedisClusterStore {
             connection_timeout: config.connection_timeout,
             response_timeout: config.response_timeout,
             call_timeout: config.call_timeout,
+            parallel: config.pool_size.clamp(1, MAX_PARTS),
         })
     }
 
@@ -175,13 +185,66 @@ impl RedisClusterStore {
 
     /// Runs `cmds` as one cluster pipeline; when that fails, each command on
     /// its own, until the call's time is up. One result per command.
-    fn run(&self, cmds: &[Cmd]) -> Vec<Result<Value, StoreError>> {
+    fn run(&self, cmds: Vec<Cmd>) -> Vec<Result<Value, StoreError>> {
         self.run_batch(cmds).0
+    }
+
+    /// A batch of `cmds` carrying about `bytes` bytes of blocks, as
+    /// [`run_batch`](Self::run_batch) runs it; a large one in parts on
+    /// several pooled connections at once.
+    ///
+    /// A cluster pipeline of the `redis` crate's synchronous client talks to
+    /// one master at a time (it writes one node's commands, reads its
+    /// replies, then the next's), so one batch never keeps more than one
+    /// master busy; parts in parallel keep them all busy, as a client per
+    /// master would. Small batches run inline: a thread costs more than
+    /// they take.
+    fn run_parts(&self, cmds: Vec<Cmd>, bytes: usize) -> (Vec<Result<Value, StoreError>>, bool) {
+        let parts = self.parallel.min(cmds.len());
+        if bytes < PARALLEL_BYTES || parts < 2 {
+            return self.run_batch(cmds);
+        }
+        let per_part = cmds.len().div_ceil(parts);
+        let mut split: Vec<Vec<Cmd>> = Vec::with_capacity(parts);
+        let mut rest = cmds.into_iter();
+        loop {
+            let part: Vec<Cmd> = rest.by_ref().take(per_part).collect();
+            if part.is_empty() {
+                break;
+            }
+            split.push(part);
+        }
+        let answers: Vec<(Vec<Result<Value, StoreError>>, bool)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = split
+                .into_iter()
+                .map(|part| {
+                    let len = part.len();
+                    (len, scope.spawn(move || self.run_batch(part)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(len, handle)| {
+                    handle.join().unwrap_or_else(|_| {
+                        let failed = || Err(StoreError::Remote("a batch's thread panicked".into()));
+                        ((0..len).map(|_| failed()).collect(), true)
+                    })
+                })
+                .collect()
+        });
+        let resent = answers.iter().any(|(_, resent)| *resent);
+        (
+            answers
+                .into_iter()
+                .flat_map(|(replies, _)| replies)
+                .collect(),
+            resent,
+        )
     }
 
     /// [`run`](Self::run), and whether the commands were sent twice (the
     /// pipeline failed, some of it may have been applied).
-    fn run_batch(&self, cmds: &[Cmd]) -> (Vec<Result<Value, StoreError>>, bool) {
+    fn run_batch(&self, cmds: Vec<Cmd>) -> (Vec<Result<Value, StoreError>>, bool) {
         if cmds.is_empty() {
             return (Vec::new(), false);
         }
@@ -192,8 +255,10 @@ impl RedisClusterStore {
         };
         let mut pipe = cluster_pipe();
         for command in cmds {
-            pipe.add_command(command.clone());
+            // Moved, not copied: a command carries a whole block.
+            pipe.add_command(command);
         }
+        let cmds = pipe.cmd_iter().collect::<Vec<&Cmd>>();
         match pipe.query::<Vec<Value>>(lease.connection()) {
             Ok(values) if values.len() == cmds.len() => {
                 let replies: Vec<_> = values.into_iter().map(reply).collect();
@@ -364,12 +429,11 @@ impl BlockStore for RedisClusterStore {
             }
             results.push(None);
             if self.reserve() {
-                let value = value::encode(block.key, block.checksum, block.bytes);
-                let set = cmd("SET")
-                    .arg(self.namespace.redis_key(block.key))
-                    .arg(value)
-                    .arg("NX")
-                    .clone();
+                let mut set = cmd("SET");
+                // Header and bytes go straight into the command's buffer.
+                set.arg(self.namespace.redis_key(block.key))
+                    .arg(value::Encoded::new(block.key, block.checksum, block.bytes))
+                    .arg("NX");
                 cmds.push(set);
                 plans.push((at, Plan::Set));
             } else {
@@ -382,7 +446,8 @@ impl BlockStore for RedisClusterStore {
         // place (the batch was sent twice, so the first send may have
         // stored it: counted as ours, erring towards `Full`).
         let mut stored_before = Vec::new();
-        let (replies, resent) = self.run_batch(&cmds);
+        let bytes = blocks.len().saturating_mul(self.block_bytes);
+        let (replies, resent) = self.run_parts(cmds, bytes);
         for ((at, plan), reply) in plans.into_iter().zip(replies) {
             let result = match (plan, reply) {
                 (Plan::Set, Ok(Value::Okay)) => Ok(()),
@@ -416,7 +481,7 @@ impl BlockStore for RedisClusterStore {
                 .iter()
                 .map(|&(at, _)| self.header_of(blocks[at].key))
                 .collect();
-            for ((at, holds_place), reply) in stored_before.into_iter().zip(self.run(&cmds)) {
+            for ((at, holds_place), reply) in stored_before.into_iter().zip(self.run(cmds)) {
                 let result = self.compare(&blocks[at], reply, || {
                     StoreError::Remote("the stored block was removed while being put".to_owned())
                 });
@@ -447,7 +512,8 @@ impl BlockStore for RedisClusterStore {
             asked.push(at);
             cmds.push(cmd("GET").arg(self.namespace.redis_key(*key)).clone());
         }
-        for (at, reply) in asked.into_iter().zip(self.run(&cmds)) {
+        let bytes = cmds.len().saturating_mul(self.block_bytes);
+        for (at, reply) in asked.into_iter().zip(self.run_parts(cmds, bytes).0) {
             let (key, into) = &mut reads[at];
             let key = *key;
             results[at] = Some(match reply {
@@ -469,7 +535,7 @@ impl BlockStore for RedisClusterStore {
             .iter()
             .map(|&key| cmd("EXISTS").arg(self.namespace.redis_key(key)).clone())
             .collect();
-        self.run(&cmds)
+        self.run(cmds)
             .into_iter()
             .map(|reply| matches!(reply, Ok(Value::Int(1))))
             .collect()
@@ -481,7 +547,7 @@ impl BlockStore for RedisClusterStore {
             .iter()
             .map(|&key| cmd("DEL").arg(self.namespace.redis_key(key)).clone())
             .collect();
-        self.run(&cmds)
+        self.run(cmds)
             .into_iter()
             .map(|reply| match reply {
                 Ok(Value::Int(0)) => Ok(false),

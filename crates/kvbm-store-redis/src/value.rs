@@ -26,7 +26,39 @@ pub(crate) struct Header {
     pub(crate) checksum: Checksum,
 }
 
+/// The value to store for the block `key`, written straight into a
+/// command's buffer (header, then the caller's bytes: no copy of its own).
+#[derive(Debug)]
+pub(crate) struct Encoded<'a> {
+    header: [u8; HEADER_BYTES],
+    bytes: &'a [u8],
+}
+
+impl<'a> Encoded<'a> {
+    pub(crate) fn new(key: u128, checksum: Checksum, bytes: &'a [u8]) -> Self {
+        let mut header = [0u8; HEADER_BYTES];
+        header[..8].copy_from_slice(&MAGIC);
+        header[8..24].copy_from_slice(&key.to_le_bytes());
+        header[24..32].copy_from_slice(&checksum.get().to_le_bytes());
+        Self { header, bytes }
+    }
+}
+
+impl redis::ToRedisArgs for Encoded<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = arg.write_all(&self.header);
+        let _ = arg.write_all(self.bytes);
+    }
+}
+
 /// The value to store for the block `key`.
+#[cfg(test)]
 pub(crate) fn encode(key: u128, checksum: Checksum, bytes: &[u8]) -> Vec<u8> {
     let mut value = Vec::with_capacity(HEADER_BYTES + bytes.len());
     value.extend_from_slice(&MAGIC);
