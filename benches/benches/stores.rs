@@ -314,7 +314,18 @@ fn bench_stores(c: &mut Criterion) {
             b.iter(|| read_blocks(&file, block_bytes, black_box(&mut *out)));
         });
         group.bench_function("disk/get", |b| bench_get(b, &disk, &batch, out));
-        drop((disk, file, dir));
+        drop(disk);
+        // The same store as the transfer engine may run it: headers checked,
+        // the bytes left to the engine's one verification.
+        let unverified = DiskStore::open(
+            DiskConfig::new(dir.path().join("unverified"), block_bytes, BATCH).verify_reads(false),
+        )
+        .expect("open the disk store");
+        all_ok(unverified.put(&batch.refs()), "disk put");
+        group.bench_function("disk/get-unverified", |b| {
+            bench_get(b, &unverified, &batch, out)
+        });
+        drop((unverified, file, dir));
 
         // The remote tier, when there is a cluster.
         if let Some(redis) = redis_store(block_bytes) {

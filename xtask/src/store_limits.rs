@@ -60,7 +60,7 @@ enum Limit {
     RedisBenchmark(&'static str),
 }
 
-const PAIRS: [Pair; 6] = [
+const PAIRS: [Pair; 7] = [
     Pair {
         store: "host arena",
         operation: "put",
@@ -86,6 +86,13 @@ const PAIRS: [Pair; 6] = [
         store: "disk",
         operation: "get (verified)",
         id: "disk/get",
+        limit: Limit::Bench("file/read"),
+        goal: 0.8,
+    },
+    Pair {
+        store: "disk",
+        operation: "get (headers only; the engine verifies)",
+        id: "disk/get-unverified",
         limit: Limit::Bench("file/read"),
         goal: 0.8,
     },

@@ -2,6 +2,7 @@
 //! `cargo xtask test` starts, and private servers the fault tests spawn and
 //! kill.
 
+mod engine;
 mod faults;
 mod send_sync;
 mod store;

@@ -26,6 +26,7 @@ pub struct DiskConfig {
     pub(crate) sync: bool,
     pub(crate) create: bool,
     pub(crate) verify_on_open: bool,
+    pub(crate) verify_reads: bool,
 }
 
 impl DiskConfig {
@@ -41,6 +42,7 @@ impl DiskConfig {
             sync: false,
             create: true,
             verify_on_open: true,
+            verify_reads: true,
         }
     }
 
@@ -84,6 +86,18 @@ impl DiskConfig {
     #[must_use]
     pub fn verify_on_open(mut self, verify: bool) -> Self {
         self.verify_on_open = verify;
+        self
+    }
+
+    /// Whether a [`get`](crate::BlockStore::get) verifies each block's bytes
+    /// against its checksum before answering (the default). Headers are
+    /// always checked. Turn it off only for a caller that verifies every
+    /// block itself, as the [`TransferEngine`](crate::TransferEngine) does
+    /// for a store that does not ([`BlockStore::verifies_reads`](crate::BlockStore::verifies_reads)):
+    /// the bytes are then hashed once, by the engine, instead of twice.
+    #[must_use]
+    pub fn verify_reads(mut self, verify: bool) -> Self {
+        self.verify_reads = verify;
         self
     }
 

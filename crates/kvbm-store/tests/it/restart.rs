@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use kvbm_blocks::SequenceHash;
-use kvbm_store::{DiskConfig, DiskStore, EngineConfig};
+use kvbm_store::{BlockStore, DiskConfig, DiskStore, EngineConfig};
 use kvbm_tiers::TierConfig;
 
 use crate::support::{BYTES, Rig, chain};
@@ -91,13 +91,19 @@ fn completed_stores_survive_a_restart_and_rot_is_recomputed() {
     rig.tiers.audit().unwrap();
 }
 
-#[test]
-fn a_block_that_rots_on_disk_while_running_fails_its_load_never_loads_wrong() {
+/// Whether the store or the engine verifies, a block that rots on disk
+/// under a running engine fails its load.
+fn rot_while_running(verify_reads: bool) {
     let dir = tempfile::tempdir().unwrap();
+    let store = DiskConfig::new(dir.path(), BYTES, 64)
+        .slots_per_file(8)
+        .verify_reads(verify_reads);
+    let store = Arc::new(DiskStore::open(store).unwrap());
+    assert_eq!(store.verifies_reads(), verify_reads);
     let mut rig = Rig::with_store(
         8,
         TierConfig::new("DISK", 64),
-        disk(dir.path()),
+        store,
         &[],
         EngineConfig::default(),
     );
@@ -123,4 +129,14 @@ fn a_block_that_rots_on_disk_while_running_fails_its_load_never_loads_wrong() {
     assert_eq!(stats.loaded_blocks, 0, "a rotten block reached the device");
     assert!(rig.pool.match_blocks(&first).is_empty());
     rig.tiers.audit().unwrap();
+}
+
+#[test]
+fn a_block_that_rots_on_disk_while_running_fails_its_load_never_loads_wrong() {
+    rot_while_running(true);
+}
+
+#[test]
+fn with_reads_unverified_by_the_store_the_engine_catches_the_rot() {
+    rot_while_running(false);
 }
