@@ -200,18 +200,11 @@ impl BlockStore for HostArena {
 
 impl Index {
     fn claim(&mut self, block: &BlockRef<'_>, block_bytes: usize, capacity: usize) -> Claim {
-        if block.bytes.len() != block_bytes {
-            return Claim::Done(Err(StoreError::WrongSize {
-                expected: block_bytes,
-                got: block.bytes.len(),
-            }));
+        if let Err(err) = block.check_len(block_bytes) {
+            return Claim::Done(Err(err));
         }
         if let Some(entry) = self.entries.get(&block.key) {
-            return Claim::Done(if entry.checksum == block.checksum {
-                Ok(())
-            } else {
-                Err(StoreError::Collision { key: block.key })
-            });
+            return Claim::Done(block.against_stored(entry.checksum));
         }
         let Some(slot) = self.free.pop() else {
             return Claim::Done(Err(StoreError::Full { capacity }));

@@ -106,6 +106,38 @@ impl<'a> BlockRef<'a> {
     }
 }
 
+impl<'a> BlockRef<'a> {
+    /// The first block of a sequence, `key`, with `bytes`, checksummed
+    /// here: for a caller that keys blocks by hash value alone.
+    pub fn root(key: u128, bytes: &'a [u8]) -> Self {
+        Self::new(SequenceHash::root(key), bytes)
+    }
+
+    /// What a store answers a put of this block when it holds `stored`
+    /// under its key already: nothing to do for the same bytes,
+    /// [`StoreError::Collision`] (the stored block kept) for others.
+    pub(crate) fn against_stored(&self, stored: Checksum) -> Result<(), crate::StoreError> {
+        if stored == self.checksum {
+            Ok(())
+        } else {
+            Err(crate::StoreError::Collision { key: self.key })
+        }
+    }
+
+    /// [`StoreError::WrongSize`](crate::StoreError::WrongSize) unless the
+    /// block is `block_bytes` long.
+    pub(crate) fn check_len(&self, block_bytes: usize) -> Result<(), crate::StoreError> {
+        if self.bytes.len() == block_bytes {
+            Ok(())
+        } else {
+            Err(crate::StoreError::WrongSize {
+                expected: block_bytes,
+                got: self.bytes.len(),
+            })
+        }
+    }
+}
+
 /// The bytes a fake engine holds for the block `key`: a deterministic
 /// function of the key (XXH3 in counter mode), so a test can check any
 /// loaded block byte for byte against what it must be.

@@ -49,7 +49,10 @@ impl<D> Tiers<D> {
             return Ok(0);
         };
         let staged = stage_all(blocks, &wanted);
-        let adopted = lower.pool.register_blocks(staged).map_or(0, |blocks| blocks.len());
+        let adopted = lower
+            .pool
+            .register_blocks(staged)
+            .map_or(0, |blocks| blocks.len());
         lower.stats.adopted_blocks += adopted as u64;
         Ok(adopted)
     }

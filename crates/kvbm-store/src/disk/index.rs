@@ -108,18 +108,11 @@ impl Index {
     }
 
     pub(crate) fn claim(&mut self, block: &BlockRef<'_>, block_bytes: usize) -> Claim {
-        if block.bytes.len() != block_bytes {
-            return Claim::Done(Err(StoreError::WrongSize {
-                expected: block_bytes,
-                got: block.bytes.len(),
-            }));
+        if let Err(err) = block.check_len(block_bytes) {
+            return Claim::Done(Err(err));
         }
         if let Some(entry) = self.entries.get(&block.key) {
-            return Claim::Done(if entry.checksum == block.checksum {
-                Ok(())
-            } else {
-                Err(StoreError::Collision { key: block.key })
-            });
+            return Claim::Done(block.against_stored(entry.checksum));
         }
         let slot = match self.free.pop() {
             Some(slot) => slot,

@@ -202,11 +202,11 @@ impl DiskStore {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes `block` into `slot` as put number `seq`: the block's bytes
-    /// straight from the caller's buffer, then the header. Two positional
-    /// writes and no copy; the header goes last, so a header on disk never
-    /// describes bytes that are not there yet (a crash between the two
-    /// leaves the slot's tombstone, or a torn slot recovery drops).
+    /// Writes `block` into `slot` as put number `seq`: its header and its
+    /// bytes, straight from the caller's buffer, in one vectored write. A
+    /// crash may leave any part of it on disk (the page cache writes back
+    /// in no set order): the header's checksum and the block's catch a torn
+    /// slot at recovery or at the get that reads it.
     fn write(&self, slot: u32, seq: u64, block: &BlockRef<'_>) -> io::Result<()> {
         let header = Header {
             key: block.key,
@@ -215,14 +215,15 @@ impl DiskStore {
             seq,
             lineage: block.lineage,
         };
-        self.files.write_block(slot, block.bytes)?;
-        self.files.write(slot, &header.encode())
+        self.files.write_slot(slot, &header.encode(), block.bytes)
     }
 
     /// Reads `entry` of `key` into `into` and verifies it.
     fn read(&self, key: u128, entry: &Entry, into: &mut [u8]) -> Result<(), Fault> {
         let mut bytes = [0u8; HEADER];
-        self.files.read_header(entry.slot, &mut bytes)?;
+        // Header and block in one read; the block is trusted only once the
+        // header says it is this entry's, and its bytes verify.
+        self.files.read_slot(entry.slot, &mut bytes, into)?;
         match SlotHeader::decode(&bytes) {
             SlotHeader::Live(header) if header.key != key => {
                 return Err(Fault::Corrupt(format!(
@@ -246,7 +247,6 @@ impl DiskStore {
             }
             SlotHeader::Bad(reason) => return Err(Fault::Corrupt(reason.into())),
         }
-        self.files.read_block(entry.slot, into)?;
         if !self.verify_reads || entry.checksum.verifies(key, into) {
             Ok(())
         } else {

@@ -1,19 +1,10 @@
 //! The host arena.
-use kvbm_store::{BlockRef, BlockStore, Checksum, HostArena, StoreError, fake_kv};
+use kvbm_store::{BlockStore, HostArena, StoreError};
+
+use crate::support::{kv, put};
 
 fn block(key: u128, bytes: usize) -> Vec<u8> {
-    let mut out = vec![0; bytes];
-    fake_kv(key, &mut out);
-    out
-}
-
-fn put(key: u128, bytes: &[u8]) -> BlockRef<'_> {
-    BlockRef {
-        key,
-        lineage: kvbm_store::Lineage::ROOT,
-        checksum: Checksum::of(key, bytes),
-        bytes,
-    }
+    kv(key, bytes)
 }
 
 #[test]

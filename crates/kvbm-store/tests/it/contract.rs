@@ -4,25 +4,14 @@
 use std::sync::Arc;
 use std::thread;
 
-use kvbm_store::{
-    BlockRef, BlockStore, Checksum, DiskConfig, DiskStore, HostArena, StoreError, fake_kv,
-};
+use kvbm_store::{BlockStore, DiskConfig, DiskStore, HostArena, StoreError};
+
+use crate::support::{kv, put};
 
 const BYTES: usize = 512;
 
 fn block(key: u128) -> Vec<u8> {
-    let mut out = vec![0; BYTES];
-    fake_kv(key, &mut out);
-    out
-}
-
-fn put(key: u128, bytes: &[u8]) -> BlockRef<'_> {
-    BlockRef {
-        key,
-        lineage: kvbm_store::Lineage::ROOT,
-        checksum: Checksum::of(key, bytes),
-        bytes,
-    }
+    kv(key, BYTES)
 }
 
 /// Every store of `capacity` blocks, fresh, with whatever keeps it alive.

@@ -7,8 +7,10 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use kvbm_store::{BlockRef, BlockStore, Checksum, DiskConfig, DiskStore, StoreError, fake_kv};
+use kvbm_store::{BlockRef, BlockStore, DiskConfig, DiskStore, StoreError};
 use proptest::prelude::*;
+
+use crate::support::{kv, put};
 
 /// Blocks of the tests: with the 128-byte header, one 4 KiB page a slot.
 const BYTES: usize = 256;
@@ -16,18 +18,7 @@ const STRIDE: u64 = 4096;
 const HEADER: u64 = 128;
 
 fn block(seed: u128) -> Vec<u8> {
-    let mut out = vec![0; BYTES];
-    fake_kv(seed, &mut out);
-    out
-}
-
-fn put(key: u128, bytes: &[u8]) -> BlockRef<'_> {
-    BlockRef {
-        key,
-        lineage: kvbm_store::Lineage::ROOT,
-        checksum: Checksum::of(key, bytes),
-        bytes,
-    }
+    kv(seed, BYTES)
 }
 
 fn config(dir: &Path, capacity: usize) -> DiskConfig {

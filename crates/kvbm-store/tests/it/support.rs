@@ -20,6 +20,18 @@ pub(crate) struct Gpu;
 pub(crate) const TOKENS: usize = 4;
 pub(crate) const BYTES: usize = 256;
 
+/// The fake engine's KV of block `key`, `bytes` long.
+pub(crate) fn kv(key: u128, bytes: usize) -> Vec<u8> {
+    let mut out = vec![0; bytes];
+    kvbm_store::fake_kv(key, &mut out);
+    out
+}
+
+/// A put of `bytes` as the first block of a sequence, `key`.
+pub(crate) fn put(key: u128, bytes: &[u8]) -> BlockRef<'_> {
+    BlockRef::root(key, bytes)
+}
+
 /// A chain of `n` hashes from root `seed`.
 pub(crate) fn chain(seed: u128, n: usize) -> Vec<SequenceHash> {
     let mut hashes = Vec::with_capacity(n);

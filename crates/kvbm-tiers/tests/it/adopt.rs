@@ -7,7 +7,10 @@ use crate::support::{chain, device, tiers};
 #[test]
 fn adopted_blocks_are_matchable_in_their_tier_at_once() {
     let gpu = device(4);
-    let mut tiers = tiers(&gpu, vec![TierConfig::new("CPU", 2), TierConfig::new("DISK", 8)]);
+    let mut tiers = tiers(
+        &gpu,
+        vec![TierConfig::new("CPU", 2), TierConfig::new("DISK", 8)],
+    );
     let disk = TierId::lower(1).unwrap();
     let hashes = chain(7, 5);
     // Children first, a repeat: parents go first, the repeat once.
@@ -33,6 +36,9 @@ fn only_a_lower_tier_adopts() {
         Err(TierError::UnknownTier(TierId::DEVICE))
     );
     let missing = TierId::lower(3).unwrap();
-    assert_eq!(tiers.adopt(missing, &chain(1, 1)), Err(TierError::UnknownTier(missing)));
+    assert_eq!(
+        tiers.adopt(missing, &chain(1, 1)),
+        Err(TierError::UnknownTier(missing))
+    );
     assert_eq!(tiers.adopt(TierId::lower(0).unwrap(), &[]), Ok(0));
 }

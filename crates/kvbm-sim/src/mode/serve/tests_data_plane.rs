@@ -167,8 +167,7 @@ fn redis_cluster(test: &str) -> Option<Vec<String>> {
 #[cfg(feature = "redis")]
 #[test]
 fn a_redis_cluster_serves_the_lowest_tier() {
-    let Some(nodes) = redis_cluster("a_redis_cluster_serves_the_lowest_tier")
-    else {
+    let Some(nodes) = redis_cluster("a_redis_cluster_serves_the_lowest_tier") else {
         return;
     };
     let config = config(TierSetup::default().with_host_tokens(1 << 16));
