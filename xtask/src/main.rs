@@ -334,6 +334,7 @@ const FUZZED_CRATES: &[&str] = &[
     "kvbm-queue",
     "kvbm-events",
     "kvbm-router",
+    "kvbm-store",
     "kvbm-sim",
 ];
 

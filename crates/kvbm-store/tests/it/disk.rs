@@ -678,10 +678,10 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(crate::support::cases(64)))]
 
     #[test]
-    fn the_store_agrees_with_a_map_through_reopens_and_rot(
+    fn fuzz_the_store_agrees_with_a_map_through_reopens_and_rot(
         ops in proptest::collection::vec(op(), 1..40)
     ) {
         run(&ops)?;

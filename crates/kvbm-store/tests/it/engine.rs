@@ -120,14 +120,14 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(crate::support::cases(24)))]
 
     /// Under injected I/O errors, timeouts and corrupted reads, on three
     /// workers: every block the tiers register on the device holds exactly
     /// its own KV, every transfer is reported once, and the host store
     /// holds exactly what its tier holds once nothing is in flight.
     #[test]
-    fn faults_never_load_wrong_kv(
+    fn fuzz_faults_never_load_wrong_kv(
         ops in prop::collection::vec(op(), 1..40),
         put_every in 0u64..9,
         get_every in 0u64..9,

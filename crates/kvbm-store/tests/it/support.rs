@@ -20,6 +20,14 @@ pub(crate) struct Gpu;
 pub(crate) const TOKENS: usize = 4;
 pub(crate) const BYTES: usize = 256;
 
+/// Proptest cases: `KVBM_FUZZ_CASES` (`cargo xtask fuzz`), else `ci`.
+pub(crate) fn cases(ci: u32) -> u32 {
+    std::env::var("KVBM_FUZZ_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(ci)
+}
+
 /// The fake engine's KV of block `key`, `bytes` long.
 pub(crate) fn kv(key: u128, bytes: usize) -> Vec<u8> {
     let mut out = vec![0; bytes];
