@@ -10,7 +10,7 @@ use kvbm_store_redis::{RedisClusterStore, RedisConfig};
 
 use crate::support::{
     Cluster, Server, block, closed_port, cluster_info, config, have_redis_server, keys, keys_on,
-    kv, unique_namespace, wait_until,
+    kv, put_all, unique_namespace, wait_until,
 };
 
 const BLOCK: usize = 1024;
@@ -76,13 +76,7 @@ fn a_master_killed_mid_transfer_fails_only_its_blocks() {
     let store = RedisClusterStore::connect(config(&cluster.urls(), &namespace, BLOCK)).unwrap();
 
     let before = keys(5, 60);
-    let blocks: Vec<Vec<u8>> = before.iter().map(|&key| kv(key, BLOCK)).collect();
-    let puts: Vec<_> = before
-        .iter()
-        .zip(&blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
-    assert!(store.put(&puts).iter().all(Result::is_ok));
+    let blocks = put_all(&store, &before, BLOCK);
     let victim = 1;
     let on_victim = keys_on(&cluster.servers[victim].url(), &namespace);
     assert!(!on_victim.is_empty() && on_victim.len() < before.len());

@@ -5,7 +5,9 @@ use kvbm_store::{BlockStore, StoreError};
 use kvbm_store_redis::{Namespace, RedisClusterStore};
 use redis::cmd;
 
-use crate::support::{block, config, keys, keys_on, kv, raw, shared_cluster, unique_namespace};
+use crate::support::{
+    block, config, keys, keys_on, kv, put_all, raw, shared_cluster, unique_namespace,
+};
 
 const BLOCK: usize = 4096;
 
@@ -64,13 +66,7 @@ fn a_batch_spreads_over_every_master() {
         return;
     };
     let keys = keys(2, 48);
-    let blocks: Vec<Vec<u8>> = keys.iter().map(|&key| kv(key, BLOCK)).collect();
-    let puts: Vec<_> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
-    assert!(store.put(&puts).iter().all(Result::is_ok));
+    put_all(&store, &keys, BLOCK);
     let namespace = store.namespace().as_str();
     let per_node: Vec<usize> = nodes
         .iter()
@@ -141,13 +137,7 @@ fn corrupt_values_are_refused_never_returned() {
         return;
     };
     let keys = keys(3, 5);
-    let blocks: Vec<Vec<u8>> = keys.iter().map(|&key| kv(key, BLOCK)).collect();
-    let puts: Vec<_> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
-    assert!(store.put(&puts).iter().all(Result::is_ok));
+    let blocks = put_all(&store, &keys, BLOCK);
 
     // Behind the store's back: find each key's node and rewrite its value.
     let namespace = Namespace::new(store.namespace().as_str()).unwrap();
@@ -193,7 +183,7 @@ fn corrupt_values_are_refused_never_returned() {
         assert!(out.iter().all(|&byte| byte == 0), "no bytes handed out");
     }
     // A put over a corrupt value does not overwrite it either.
-    assert!(store.put(&[puts[2]])[0].is_err());
+    assert!(store.put(&[block(keys[2], &blocks[2])])[0].is_err());
     let mut out = vec![0u8; BLOCK];
     store
         .get(&mut [(keys[4], &mut out[..])])

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kvbm_store::{BlockRef, Checksum, fake_kv};
+use kvbm_store::{BlockRef, BlockStore, Checksum, fake_kv};
 use kvbm_store_redis::RedisConfig;
 use redis::{Connection, cmd};
 use tempfile::TempDir;
@@ -112,6 +112,21 @@ pub(crate) fn block(key: u128, bytes: &[u8]) -> BlockRef<'_> {
 }
 
 /// Keys spread over the whole hash space.
+/// Puts the fake KV of every key of `keys` (each `block_bytes` long) and
+/// checks every put succeeded; the blocks' bytes, in order.
+pub(crate) fn put_all(store: &dyn BlockStore, keys: &[u128], block_bytes: usize) -> Vec<Vec<u8>> {
+    let blocks: Vec<Vec<u8>> = keys.iter().map(|&key| kv(key, block_bytes)).collect();
+    let puts: Vec<_> = keys
+        .iter()
+        .zip(&blocks)
+        .map(|(&k, b)| block(k, b))
+        .collect();
+    for result in store.put(&puts) {
+        result.unwrap();
+    }
+    blocks
+}
+
 pub(crate) fn keys(seed: u128, count: usize) -> Vec<u128> {
     (0..count as u128)
         .map(|i| (seed << 64 | i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835))

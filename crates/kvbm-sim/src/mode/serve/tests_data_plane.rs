@@ -2,27 +2,18 @@
 //! through host arenas or a disk store, every loaded block is checked, and
 //! the replay is otherwise the one without bytes.
 
+use super::tests_tiers::request;
 use super::*;
-use crate::{DataPlaneSpec, Trace, TraceRequest};
-
-fn request(timestamp: u64, ids: &[u64]) -> TraceRequest {
-    TraceRequest {
-        timestamp,
-        input_length: ids.len() as u64 * 512,
-        output_length: 4,
-        hash_ids: ids.to_vec(),
-        priority: None,
-    }
-}
+use crate::{DataPlaneSpec, Trace};
 
 /// A prompt pushed out of a 4,096-token GPU pool and asked for again.
 fn trace() -> Trace {
     Trace::from_requests(vec![
-        request(0, &[1, 2, 3, 4]),
-        request(10_000, &[10, 11, 12, 13]),
-        request(20_000, &[20, 21, 22, 23]),
-        request(30_000, &[1, 2, 3, 4]),
-        request(40_000, &[1, 2, 3, 5]),
+        request(0, &[1, 2, 3, 4], 4),
+        request(10_000, &[10, 11, 12, 13], 4),
+        request(20_000, &[20, 21, 22, 23], 4),
+        request(30_000, &[1, 2, 3, 4], 4),
+        request(40_000, &[1, 2, 3, 5], 4),
     ])
     .unwrap()
 }

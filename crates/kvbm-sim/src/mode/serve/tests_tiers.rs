@@ -6,7 +6,7 @@
 use super::*;
 use crate::{Link, Offload, Trace, TraceRequest};
 
-fn request(timestamp: u64, ids: &[u64], output: u64) -> TraceRequest {
+pub(super) fn request(timestamp: u64, ids: &[u64], output: u64) -> TraceRequest {
     TraceRequest {
         timestamp,
         input_length: ids.len() as u64 * 512,
