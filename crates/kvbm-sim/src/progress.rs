@@ -27,3 +27,15 @@ impl Progress for NoProgress {
     fn advance(&mut self, _amount: u64) {}
     fn finish(&mut self) {}
 }
+
+/// Forwards the advances of each run of a sweep into the sweep's one
+/// progress phase (the runs' own starts and finishes are not shown).
+pub(crate) struct Nested<'a>(pub(crate) &'a mut dyn Progress);
+
+impl Progress for Nested<'_> {
+    fn start(&mut self, _label: &str, _total: u64) {}
+    fn advance(&mut self, amount: u64) {
+        self.0.advance(amount);
+    }
+    fn finish(&mut self) {}
+}

@@ -11,6 +11,7 @@ use tracing::instrument;
 use crate::format::{group, percent};
 use crate::mode::cache::{self, CacheConfig, CacheReport};
 use crate::output::FigureFiles;
+use crate::progress::Nested;
 use crate::{Capacity, Eviction, Progress, SimError, Workload};
 
 /// What a sweep runs: every capacity under every eviction policy, plus one
@@ -58,17 +59,6 @@ pub struct Sweep {
 
 /// The files [`Sweep::write_to`] wrote.
 pub type SweepFiles = FigureFiles;
-
-/// Forwards a run's advances into the sweep's one progress phase.
-struct Nested<'a>(&'a mut dyn Progress);
-
-impl Progress for Nested<'_> {
-    fn start(&mut self, _label: &str, _total: u64) {}
-    fn advance(&mut self, amount: u64) {
-        self.0.advance(amount);
-    }
-    fn finish(&mut self) {}
-}
 
 /// Runs every capacity of `config` under every policy, and once unbounded.
 ///

@@ -25,6 +25,7 @@ use tracing::instrument;
 use crate::format::{group, percent};
 use crate::mode::serve::{self, ServeConfig, ServeReport};
 use crate::output::FigureFiles;
+use crate::progress::Nested;
 use crate::{Progress, SimError, Trace};
 
 /// One host-tier size of a [`TierSweep`].
@@ -294,17 +295,6 @@ impl Progress for Forward {
     fn advance(&mut self, amount: u64) {
         // The receiver outlives every run; a failed send loses a report.
         let _ = self.0.send(Message::Advance(amount));
-    }
-    fn finish(&mut self) {}
-}
-
-/// Forwards a run's advances into the sweep's one progress phase.
-struct Nested<'a>(&'a mut dyn Progress);
-
-impl Progress for Nested<'_> {
-    fn start(&mut self, _label: &str, _total: u64) {}
-    fn advance(&mut self, amount: u64) {
-        self.0.advance(amount);
     }
     fn finish(&mut self) {}
 }

@@ -181,8 +181,7 @@ impl BlockStore for HostArena {
                     index.free.push(entry.slot);
                     Ok(true)
                 }
-                Some(_) => Ok(false),
-                None => Ok(false),
+                _ => Ok(false),
             })
             .collect()
     }

@@ -332,13 +332,13 @@ impl TransferEngine {
 
 impl Drop for TransferEngine {
     fn drop(&mut self) {
-        // Closing the queue ends each worker once it is drained; reports
-        // nobody will read must not keep a worker waiting.
+        // Closing the queue ends each worker once it is drained; closing
+        // the reports ends one waiting to send a report nobody will read.
         self.jobs = None;
-        while !self.workers.iter().all(JoinHandle::is_finished) {
-            while self.reports.try_recv().is_ok() {}
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        drop(std::mem::replace(
+            &mut self.reports,
+            crossbeam_channel::never(),
+        ));
         for worker in self.workers.drain(..) {
             let _ = worker.join();
         }
@@ -400,9 +400,9 @@ impl Worker {
                 blocks,
                 result,
             };
-            if self.reports.send(report).is_err() {
-                return;
-            }
+            // Fails only once the engine is dropped: the rest of the queue
+            // still runs, its reports thrown away.
+            let _ = self.reports.send(report);
         }
     }
 }

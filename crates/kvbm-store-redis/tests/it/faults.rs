@@ -9,8 +9,8 @@ use kvbm_store::{BlockStore, StoreError};
 use kvbm_store_redis::{RedisClusterStore, RedisConfig};
 
 use crate::support::{
-    Cluster, Server, block, closed_port, cluster_info, config, have_redis_server, keys, keys_on,
-    kv, put_all, unique_namespace, wait_until,
+    Cluster, Server, blocks_of, closed_port, cluster_info, config, have_redis_server, keys,
+    keys_on, kvs, put_all, unique_namespace, wait_until,
 };
 
 const BLOCK: usize = 1024;
@@ -145,12 +145,8 @@ fn a_master_killed_mid_transfer_fails_only_its_blocks() {
 
     // New puts: those hashed to the dead master fail, the rest are stored.
     let after = keys(6, 30);
-    let new_blocks: Vec<Vec<u8>> = after.iter().map(|&key| kv(key, BLOCK)).collect();
-    let puts: Vec<_> = after
-        .iter()
-        .zip(&new_blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
+    let new_blocks = kvs(&after, BLOCK);
+    let puts = blocks_of(&after, &new_blocks);
     let results = store.put(&puts);
     let stored: Vec<u128> = after
         .iter()

@@ -6,7 +6,8 @@ use kvbm_store_redis::{Namespace, RedisClusterStore};
 use redis::cmd;
 
 use crate::support::{
-    block, config, keys, keys_on, kv, put_all, raw, shared_cluster, unique_namespace,
+    block, blocks_of, config, keys, keys_on, kv, kvs, put_all, raw, shared_cluster,
+    unique_namespace,
 };
 
 const BLOCK: usize = 4096;
@@ -27,15 +28,7 @@ fn blocks_round_trip_byte_for_byte() {
         return;
     };
     let keys = keys(1, 64);
-    let blocks: Vec<Vec<u8>> = keys.iter().map(|&key| kv(key, BLOCK)).collect();
-    let puts: Vec<_> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
-    for result in store.put(&puts) {
-        result.unwrap();
-    }
+    let blocks = put_all(&store, &keys, BLOCK);
     assert_eq!(store.len(), 64);
     assert_eq!(store.contains(&keys), vec![true; 64]);
     let mut listed = store.keys().unwrap();
@@ -223,12 +216,8 @@ fn capacity_counts_puts_and_removes() {
     config.capacity_blocks = 4;
     let store = RedisClusterStore::connect(config).unwrap();
     let keys = keys(4, 6);
-    let blocks: Vec<Vec<u8>> = keys.iter().map(|&key| kv(key, BLOCK)).collect();
-    let puts: Vec<_> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
+    let blocks = kvs(&keys, BLOCK);
+    let puts = blocks_of(&keys, &blocks);
     let results = store.put(&puts);
     assert!(results[..4].iter().all(Result::is_ok), "{results:?}");
     assert!(

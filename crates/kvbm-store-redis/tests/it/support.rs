@@ -112,16 +112,21 @@ pub(crate) fn block(key: u128, bytes: &[u8]) -> BlockRef<'_> {
 }
 
 /// Keys spread over the whole hash space.
+/// The fake KV of every key of `keys`, each `block_bytes` long.
+pub(crate) fn kvs(keys: &[u128], block_bytes: usize) -> Vec<Vec<u8>> {
+    keys.iter().map(|&key| kv(key, block_bytes)).collect()
+}
+
+/// Puts of `blocks`, each the block of the key beside it.
+pub(crate) fn blocks_of<'a>(keys: &[u128], blocks: &'a [Vec<u8>]) -> Vec<BlockRef<'a>> {
+    keys.iter().zip(blocks).map(|(&k, b)| block(k, b)).collect()
+}
+
 /// Puts the fake KV of every key of `keys` (each `block_bytes` long) and
 /// checks every put succeeded; the blocks' bytes, in order.
 pub(crate) fn put_all(store: &dyn BlockStore, keys: &[u128], block_bytes: usize) -> Vec<Vec<u8>> {
-    let blocks: Vec<Vec<u8>> = keys.iter().map(|&key| kv(key, block_bytes)).collect();
-    let puts: Vec<_> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(&k, b)| block(k, b))
-        .collect();
-    for result in store.put(&puts) {
+    let blocks = kvs(keys, block_bytes);
+    for result in store.put(&blocks_of(keys, &blocks)) {
         result.unwrap();
     }
     blocks
