@@ -6,18 +6,19 @@
 mod lineage;
 mod list;
 mod multi_level;
+mod ring;
 pub(crate) mod sketch;
 
 use crate::{BlockId, EvictionPolicy, SequenceHash};
 
 use self::lineage::Lineage;
-use self::list::SlotLists;
 use self::multi_level::MultiLevel;
+use self::ring::LruRing;
 
 /// Cached blocks, ordered for eviction by the configured policy.
 #[derive(Debug)]
 pub(crate) enum InactivePool {
-    Lru(SlotLists),
+    Lru(LruRing),
     MultiLevel(MultiLevel),
     Lineage(Lineage),
 }
@@ -25,7 +26,7 @@ pub(crate) enum InactivePool {
 impl InactivePool {
     pub(crate) fn new(policy: EvictionPolicy, slots: usize) -> Self {
         match policy {
-            EvictionPolicy::Lru => Self::Lru(SlotLists::new(slots, 1)),
+            EvictionPolicy::Lru => Self::Lru(LruRing::new(slots)),
             EvictionPolicy::MultiLevelLru => Self::MultiLevel(MultiLevel::new(slots)),
             EvictionPolicy::Lineage => Self::Lineage(Lineage::new(slots)),
         }
@@ -48,7 +49,7 @@ impl InactivePool {
     /// Whether `id` is cached here.
     pub(crate) fn contains(&self, id: BlockId) -> bool {
         let lists = match self {
-            Self::Lru(lru) => lru,
+            Self::Lru(lru) => return lru.contains(id),
             Self::MultiLevel(ml) => ml.lists(),
             Self::Lineage(lin) => lin.lists(),
         };
@@ -84,7 +85,7 @@ impl InactivePool {
     #[inline]
     pub(crate) fn insert(&mut self, id: BlockId, hash: SequenceHash) {
         match self {
-            Self::Lru(lru) => lru.push_back(0, id),
+            Self::Lru(lru) => lru.push(id),
             Self::MultiLevel(ml) => ml.insert(id, hash),
             Self::Lineage(lin) => lin.insert(id),
         }
@@ -93,20 +94,19 @@ impl InactivePool {
     /// A cached block was matched again and leaves the pool.
     #[inline]
     pub(crate) fn remove(&mut self, id: BlockId) {
-        let lists = match self {
-            Self::Lru(lru) => lru,
-            Self::MultiLevel(ml) => ml.lists_mut(),
-            Self::Lineage(lin) => lin.lists_mut(),
+        let removed = match self {
+            Self::Lru(lru) => lru.remove(id),
+            Self::MultiLevel(ml) => ml.lists_mut().unlink(id).is_some(),
+            Self::Lineage(lin) => lin.lists_mut().unlink(id).is_some(),
         };
-        let removed = lists.unlink(id);
-        debug_assert!(removed.is_some(), "{id} was not cached");
+        debug_assert!(removed, "{id} was not cached");
     }
 
     /// Picks the next victim and removes it from the pool. The caller
     /// unregisters it and then calls [`on_evicted`](Self::on_evicted).
     pub(crate) fn evict(&mut self) -> Option<BlockId> {
         match self {
-            Self::Lru(lru) => lru.pop_front(0),
+            Self::Lru(lru) => lru.pop(),
             Self::MultiLevel(ml) => ml.evict(),
             Self::Lineage(lin) => lin.evict(),
         }

@@ -28,30 +28,32 @@ impl PoolState {
         for (index, slot) in self.slots.iter().enumerate() {
             let id = BlockId::new(index as u32);
             let cached = self.inactive.contains(id);
-            if on_free_list[index] != (slot.state == SlotState::Free) {
+            if on_free_list[index] != (slot.state() == SlotState::Free) {
                 return fail(format!(
                     "{id} is {:?} but free-listed: {}",
-                    slot.state, on_free_list[index]
+                    slot.state(),
+                    on_free_list[index]
                 ));
             }
-            match slot.state {
+            match slot.state() {
                 SlotState::Free => audit.free_blocks += 1,
                 SlotState::Held => audit.held_blocks += 1,
                 SlotState::Registered if slot.refs == 0 => audit.inactive_blocks += 1,
                 SlotState::Registered => audit.active_blocks += 1,
                 SlotState::Duplicate => audit.duplicate_blocks += 1,
             }
-            let should_be_cached = slot.state == SlotState::Registered && slot.refs == 0;
+            let should_be_cached = slot.state() == SlotState::Registered && slot.refs == 0;
             if cached != should_be_cached {
                 return fail(format!(
                     "{id} is {:?} with {} refs but cached: {cached}",
-                    slot.state, slot.refs
+                    slot.state(),
+                    slot.refs
                 ));
             }
-            if slot.state == SlotState::Duplicate && slot.refs == 0 {
+            if slot.state() == SlotState::Duplicate && slot.refs == 0 {
                 return fail(format!("duplicate {id} has no references"));
             }
-            if slot.state == SlotState::Registered && self.registered(slot.value()) != Some(id) {
+            if slot.state() == SlotState::Registered && self.registered(slot.value()) != Some(id) {
                 return fail(format!("registered {id} is not in the registry"));
             }
         }

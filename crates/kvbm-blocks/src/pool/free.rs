@@ -37,7 +37,7 @@ impl FreeList {
     #[inline]
     pub(super) fn push(&mut self, slots: &mut [Slot], id: BlockId) {
         let slot = &mut slots[id.index()];
-        debug_assert_eq!(slot.state, SlotState::Free, "{id} freed while in use");
+        debug_assert_eq!(slot.state(), SlotState::Free, "{id} freed while in use");
         slot.refs = self.head;
         self.head = id.get();
         self.len += 1;

@@ -87,21 +87,39 @@ impl Shared {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum SlotState {
     /// On the free list.
-    Free,
+    Free = 0,
     /// Owned by a `MutableBlock` or `CompleteBlock`.
-    Held,
+    Held = 1,
     /// The registry's block for its hash; cached when `refs == 0`.
-    Registered,
+    Registered = 2,
     /// A second physical copy of a registered hash (`DuplicatePolicy::Allow`).
-    Duplicate,
+    Duplicate = 3,
 }
 
-/// One block's state. The hash is stored as its raw fields, beside the
-/// others, so the slot is 48 bytes where a nested `SequenceHash` (with its
-/// own padding) made it 56.
+impl SlotState {
+    fn from_bits(bits: u32) -> Self {
+        match bits & 3 {
+            0 => Self::Free,
+            1 => Self::Held,
+            2 => Self::Registered,
+            _ => Self::Duplicate,
+        }
+    }
+}
+
+/// One block's state, 44 bytes: a pool's largest table (a million blocks
+/// take 44 MB of it), so every byte counts. The hash is stored as its raw
+/// fields beside the others (a nested `SequenceHash`, with its own padding,
+/// made it 56); the epoch and the state share one word; and the slot is
+/// packed to 4-byte alignment, so the 44 bytes of fields are not padded to
+/// 48. (Fields are only ever copied out, never borrowed, which packing
+/// requires of the 8-byte ones; unaligned loads cost nothing on the
+/// processors this runs on.)
 #[derive(Clone, Copy, Debug)]
+#[repr(Rust, packed(4))]
 struct Slot {
     value: [u64; 2],
     parent: [u64; 2],
@@ -110,11 +128,17 @@ struct Slot {
     /// a block cloned four billion times stays pinned rather than wrapping.
     /// While the slot is `Free`, the next free slot instead ([`FreeList`]).
     refs: u32,
-    /// Bumped whenever the slot stops holding registered content, so a
+    /// The [`SlotState`] in the low two bits; above them the epoch, bumped
+    /// whenever the slot stops holding registered content, so a
     /// `WeakBlock` from before cannot upgrade into the slot's next life.
-    epoch: u32,
-    state: SlotState,
+    /// The epoch wraps after 2^30 lives of one slot; an upgrade also
+    /// compares the hash, so a wrapped epoch can at worst revive a block
+    /// holding the very content the handle named.
+    life: u32,
 }
+
+/// The epoch's bits in [`Slot::life`], above the state's two.
+const EPOCH_SHIFT: u32 = 2;
 
 impl Slot {
     fn new(hash: SequenceHash, refs: u32, epoch: u32, state: SlotState) -> Self {
@@ -124,8 +148,7 @@ impl Slot {
             parent,
             position,
             refs,
-            epoch,
-            state,
+            life: epoch << EPOCH_SHIFT | state as u32,
         }
     }
 
@@ -138,6 +161,29 @@ impl Slot {
     #[inline]
     fn value(&self) -> u128 {
         join(self.value)
+    }
+
+    #[inline]
+    fn state(&self) -> SlotState {
+        SlotState::from_bits(self.life)
+    }
+
+    #[inline]
+    fn set_state(&mut self, state: SlotState) {
+        self.life = self.life & !3 | state as u32;
+    }
+
+    /// The slot's epoch (30 bits).
+    #[inline]
+    fn epoch(&self) -> u32 {
+        self.life >> EPOCH_SHIFT
+    }
+
+    /// Ends the slot's registered life: `Free`, with the next epoch.
+    #[inline]
+    fn end_life(&mut self) {
+        self.life =
+            (self.life >> EPOCH_SHIFT).wrapping_add(1) << EPOCH_SHIFT | SlotState::Free as u32;
     }
 }
 
@@ -203,7 +249,7 @@ impl PoolState {
     pub(crate) fn allocate(
         &mut self,
         n: usize,
-        mut on_evicted: impl FnMut(SequenceHash),
+        on_evicted: impl FnMut(SequenceHash),
     ) -> Result<Vec<BlockId>, BlockError> {
         let total = self.slots.len();
         if n > total {
@@ -226,14 +272,8 @@ impl PoolState {
                 None => break,
             }
         }
-        while ids.len() < n {
-            // `available` counted every cached block, so this always finds one.
-            let Some((id, hash)) = self.evict_one() else {
-                break;
-            };
-            on_evicted(hash);
-            ids.push(id);
-        }
+        // `available` counted every cached block, so this finds the rest.
+        self.evict_into(n - ids.len(), &mut ids, on_evicted);
         if ids.len() < n {
             let available = ids.len();
             for id in ids {
@@ -244,7 +284,7 @@ impl PoolState {
             )));
         }
         for id in &ids {
-            self.slots[id.index()].state = SlotState::Held;
+            self.slots[id.index()].set_state(SlotState::Held);
         }
         self.counters.allocations += n as u64;
         Ok(ids)
@@ -259,36 +299,75 @@ impl PoolState {
             let Some((id, hash)) = self.evict_one() else {
                 break;
             };
-            self.slots[id.index()].state = SlotState::Held;
+            self.slots[id.index()].set_state(SlotState::Held);
             out.push((id, hash));
         }
         out
+    }
+
+    /// Evicts up to `n` victims in policy order, appending them to `ids`
+    /// (each unregistered, `Free` but off the free list) and their hashes
+    /// to `on_evicted`.
+    ///
+    /// Two passes: the victims first (the eviction order's walk), then
+    /// their slots and registry entries. Each victim's slot and table
+    /// bucket is a cache miss in a large pool, and in the second pass no
+    /// victim's work waits for another's, so the processor overlaps those
+    /// misses instead of taking them one after another.
+    fn evict_into(
+        &mut self,
+        n: usize,
+        ids: &mut Vec<BlockId>,
+        mut on_evicted: impl FnMut(SequenceHash),
+    ) {
+        if self.inactive.tracks_lineage() {
+            // Lineage eviction's next victim depends on this one's removal
+            // (its parent may become a leaf): one at a time.
+            for _ in 0..n {
+                let Some((id, hash)) = self.evict_one() else {
+                    break;
+                };
+                on_evicted(hash);
+                ids.push(id);
+            }
+            return;
+        }
+        let start = ids.len();
+        ids.extend(std::iter::from_fn(|| self.inactive.evict()).take(n));
+        for &id in &ids[start..] {
+            on_evicted(self.unregister_victim(id));
+        }
     }
 
     /// Evicts the policy's victim: unregisters it and leaves it `Free` but off
     /// the free list, for the caller to hand out or push.
     fn evict_one(&mut self) -> Option<(BlockId, SequenceHash)> {
         let id = self.inactive.evict()?;
+        Some((id, self.unregister_victim(id)))
+    }
+
+    /// Unregisters `id`, just taken from the inactive pool; its hash.
+    #[inline]
+    fn unregister_victim(&mut self, id: BlockId) -> SequenceHash {
         let slot = &mut self.slots[id.index()];
-        debug_assert!(slot.state == SlotState::Registered && slot.refs == 0);
+        debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
         let hash = slot.hash();
-        slot.state = SlotState::Free;
-        slot.epoch = slot.epoch.wrapping_add(1);
+        slot.end_life();
         self.registry.remove(hash.value(), id);
         let slots = &self.slots;
-        self.inactive.on_evicted(id, |b| slots[b.index()].epoch);
+        self.inactive.on_evicted(id, |b| slots[b.index()].epoch());
         self.counters.evictions += 1;
         if let Some(events) = &mut self.events {
             events.removed(hash.value());
         }
-        Some((id, hash))
+        hash
     }
 
     /// A `MutableBlock` or `CompleteBlock` was dropped.
     pub(crate) fn free_held(&mut self, id: BlockId) {
         let slot = &mut self.slots[id.index()];
-        debug_assert_eq!(slot.state, SlotState::Held);
-        slot.state = SlotState::Free;
+        debug_assert_eq!(slot.state(), SlotState::Held);
+        slot.set_state(SlotState::Free);
         self.free.push(&mut self.slots, id);
     }
 
@@ -307,8 +386,8 @@ impl PoolState {
             match self.duplicates {
                 DuplicatePolicy::Allow => {
                     let slot = &mut self.slots[id.index()];
-                    *slot = Slot::new(hash, 1, slot.epoch, SlotState::Duplicate);
-                    return BlockInfo::new(id, slot.epoch, hash);
+                    *slot = Slot::new(hash, 1, slot.epoch(), SlotState::Duplicate);
+                    return BlockInfo::new(id, slot.epoch(), hash);
                 }
                 DuplicatePolicy::Deduplicate => {
                     self.counters.deduplications += 1;
@@ -321,15 +400,15 @@ impl PoolState {
         // policies skip the lookup (a registry probe per registration).
         let parent = match self.inactive.tracks_lineage() {
             true => (hash.parent().and_then(|p| self.registered(p)))
-                .map(|p| (p, self.slots[p.index()].epoch)),
+                .map(|p| (p, self.slots[p.index()].epoch())),
             false => None,
         };
         let slots = &self.slots;
         self.registry
             .insert(hash.value(), id, |other| slots[other.index()].value());
         let slot = &mut self.slots[id.index()];
-        *slot = Slot::new(hash, 1, slot.epoch, SlotState::Registered);
-        let info = BlockInfo::new(id, slot.epoch, hash);
+        *slot = Slot::new(hash, 1, slot.epoch(), SlotState::Registered);
+        let info = BlockInfo::new(id, slot.epoch(), hash);
         self.inactive.on_register(id, hash, parent);
         if let Some(events) = &mut self.events {
             events.stored(hash, tokens);
@@ -346,7 +425,7 @@ impl PoolState {
         }
         slot.refs = slot.refs.saturating_add(1);
         // Built from the slot's fields: the parent is not needed.
-        BlockInfo::from_raw(id, slot.epoch, slot.value, slot.position)
+        BlockInfo::from_raw(id, slot.epoch(), slot.value, slot.position)
     }
 
     /// Appends the longest registered prefix of `hashes` to `out`, taking a
@@ -402,15 +481,14 @@ impl PoolState {
     #[inline(never)]
     fn release_last(&mut self, id: BlockId) {
         let slot = &mut self.slots[id.index()];
-        match slot.state {
+        match slot.state() {
             SlotState::Registered => self.inactive.insert(id, slot.hash()),
             SlotState::Duplicate => {
-                slot.state = SlotState::Free;
-                slot.epoch = slot.epoch.wrapping_add(1);
+                slot.end_life();
                 self.free.push(&mut self.slots, id);
             }
             SlotState::Free | SlotState::Held => {
-                debug_assert!(false, "{id} referenced in state {:?}", slot.state);
+                debug_assert!(false, "{id} referenced in state {:?}", slot.state());
             }
         }
     }
@@ -424,9 +502,9 @@ impl PoolState {
     /// the same registered content (held, cached, or a live duplicate).
     pub(crate) fn upgrade(&mut self, info: &BlockInfo) -> bool {
         let slot = &self.slots[info.block_id().index()];
-        let live = slot.epoch == info.epoch()
+        let live = slot.epoch() == info.epoch()
             && slot.value() == info.hash_value()
-            && match slot.state {
+            && match slot.state() {
                 SlotState::Registered => true,
                 SlotState::Duplicate => slot.refs > 0,
                 SlotState::Free | SlotState::Held => false,
@@ -499,7 +577,7 @@ impl PoolState {
     /// Every registered hash, parents before children (by position).
     fn registered_hashes(&self) -> Vec<SequenceHash> {
         let mut hashes: Vec<SequenceHash> = (self.slots.iter())
-            .filter(|slot| slot.state == SlotState::Registered)
+            .filter(|slot| slot.state() == SlotState::Registered)
             .map(Slot::hash)
             .collect();
         hashes.sort_unstable_by_key(|hash| hash.position());

@@ -51,7 +51,7 @@ fn a_free_list_that_ends_early_is_caught() {
 #[test]
 fn a_held_block_on_the_free_list_is_caught() {
     let mut pool = pool_with_registered_block();
-    pool.slots[2].state = SlotState::Held; // still linked
+    pool.slots[2].set_state(SlotState::Held); // still linked
     assert!(violation(&pool).contains("free-listed"));
 }
 
@@ -74,7 +74,7 @@ fn an_unreferenced_duplicate_is_caught() {
     let mut pool = pool_with_registered_block();
     assert_eq!(pool.free.pop(&mut pool.slots), Some(BlockId::new(2)));
     let slot = &mut pool.slots[2];
-    slot.state = SlotState::Duplicate;
+    slot.set_state(SlotState::Duplicate);
     assert!(violation(&pool).contains("duplicate"));
 }
 
@@ -102,14 +102,34 @@ fn references_are_sticky_at_saturation_instead_of_wrapping() {
 }
 
 #[test]
-fn a_slot_is_48_bytes_and_a_hash_40() {
+fn a_slot_is_44_bytes_and_a_hash_40() {
     // Memory per cached block is mostly the slot; a nested `SequenceHash`
-    // (40 bytes with padding) made it 56.
-    assert_eq!(std::mem::size_of::<Slot>(), 48);
+    // (40 bytes with padding) made it 56, 8-byte alignment 48.
+    assert_eq!(std::mem::size_of::<Slot>(), 44);
     assert_eq!(std::mem::size_of::<SequenceHash>(), 40);
     let hash = SequenceHash::root(u128::MAX - 5).child(1 << 100);
     let slot = Slot::new(hash, 2, 3, SlotState::Registered);
     assert_eq!(slot.hash(), hash);
     assert_eq!(slot.value(), 1 << 100);
     assert_eq!(hash.parent(), Some(u128::MAX - 5));
+    assert_eq!((slot.epoch(), slot.state()), (3, SlotState::Registered));
+}
+
+#[test]
+fn a_slot_keeps_its_state_and_epoch_apart() {
+    let mut slot = Slot::new(SequenceHash::root(7), 0, (1 << 30) - 1, SlotState::Held);
+    slot.set_state(SlotState::Registered);
+    assert_eq!(
+        (slot.epoch(), slot.state()),
+        ((1 << 30) - 1, SlotState::Registered)
+    );
+    // The epoch wraps within its 30 bits and never disturbs the state.
+    slot.end_life();
+    assert_eq!((slot.epoch(), slot.state()), (0, SlotState::Free));
+    slot.end_life();
+    assert_eq!((slot.epoch(), slot.state()), (1, SlotState::Free));
+    for state in [SlotState::Held, SlotState::Duplicate, SlotState::Free] {
+        slot.set_state(state);
+        assert_eq!((slot.epoch(), slot.state()), (1, state));
+    }
 }
