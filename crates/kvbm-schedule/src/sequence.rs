@@ -5,7 +5,7 @@
 use std::fmt;
 
 use kvbm_blocks::{BlockError, BlockId, BlockManager};
-use kvbm_sequence::{RequestSequence, Salt, SequenceError};
+use kvbm_sequence::{HashedPrompt, RequestSequence, Salt, SequenceError};
 
 use crate::{
     ApplyError, EventLog, HistoryPolicy, SchedulableSequenceBuilder, ScheduleError, SequenceEvent,
@@ -85,6 +85,20 @@ impl<M> SchedulableSequence<M> {
         block_size: usize,
     ) -> SchedulableSequenceBuilder<M> {
         SchedulableSequenceBuilder::new(tokens, max_output_tokens, block_size)
+    }
+
+    /// A sequence of `prompt`, under its salt and block size, that takes
+    /// the block hashes the prompt already has instead of hashing it again
+    /// (see [`HashedPrompt`] for why those can be trusted); `headroom`
+    /// tokens of the generation fit before its token buffer grows.
+    pub fn from_hashed(
+        prompt: &HashedPrompt,
+        max_output_tokens: usize,
+        headroom: usize,
+        history: HistoryPolicy,
+    ) -> Self {
+        let inner = RequestSequence::from_hashed(prompt, max_output_tokens, headroom);
+        Self::from_inner(inner, history)
     }
 
     pub(crate) fn from_inner(inner: RequestSequence<M>, policy: HistoryPolicy) -> Self {

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use kvbm_blocks::SequenceHash;
 
-use crate::{Salt, SequenceError};
+use crate::{HashedPrompt, Salt, SequenceError};
 
 /// The tokens of one request, split into full blocks of `block_size` tokens
 /// plus a partial tail, with one [`SequenceHash`] per full block.
@@ -83,6 +83,45 @@ impl BlockSequence {
         };
         sequence.hash_new_blocks();
         Ok(sequence)
+    }
+
+    /// A sequence of `prompt`'s tokens with the hashes it already has:
+    /// nothing is hashed. `headroom` more tokens fit before the token
+    /// buffer grows (room for the generation, so the first sampled tokens
+    /// do not copy the prompt to a larger buffer).
+    pub fn from_hashed(prompt: &HashedPrompt, headroom: usize) -> Self {
+        let block_size = prompt.block_size();
+        let capacity = prompt.tokens().len().saturating_add(headroom);
+        let mut tokens = Vec::with_capacity(capacity);
+        tokens.extend_from_slice(prompt.tokens());
+        let mut hashes = Vec::with_capacity(capacity / block_size);
+        hashes.extend_from_slice(prompt.hashes());
+        Self {
+            tokens,
+            hashes,
+            block_size,
+            salt: prompt.salt(),
+        }
+    }
+
+    /// The hashes of the full blocks of `tokens`, as a sequence of them
+    /// computes them.
+    pub(crate) fn hash_blocks(
+        tokens: &[u32],
+        block_size: usize,
+        salt: Salt,
+    ) -> Result<Vec<SequenceHash>, SequenceError> {
+        if block_size == 0 {
+            return Err(SequenceError::ZeroBlockSize);
+        }
+        let mut hashes = Vec::with_capacity(tokens.len() / block_size);
+        let mut previous = None;
+        for block in tokens.chunks_exact(block_size) {
+            let hash = chain(previous, salt, block);
+            hashes.push(hash);
+            previous = Some(hash);
+        }
+        Ok(hashes)
     }
 
     /// Tokens per block.

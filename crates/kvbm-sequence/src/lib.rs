@@ -58,6 +58,7 @@ mod assignments;
 mod block_sequence;
 mod error;
 mod hash;
+mod hashed_prompt;
 mod request;
 #[cfg(test)]
 mod test_support;
@@ -66,4 +67,10 @@ pub use assignments::LogicalBlockAssignments;
 pub use block_sequence::BlockSequence;
 pub use error::SequenceError;
 pub use hash::{HashKey, Salt, block_hash, chain_hash};
+pub use hashed_prompt::HashedPrompt;
 pub use request::RequestSequence;
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

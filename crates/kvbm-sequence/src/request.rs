@@ -7,7 +7,7 @@ use std::ops::Range;
 use kvbm_blocks::{BlockId, BlockManager, ImmutableBlocks, MutableBlock};
 use tracing::{debug, instrument};
 
-use crate::{BlockSequence, LogicalBlockAssignments, Salt, SequenceError};
+use crate::{BlockSequence, HashedPrompt, LogicalBlockAssignments, Salt, SequenceError};
 
 /// A request's tokens ([`BlockSequence`]) together with the blocks that back
 /// them ([`LogicalBlockAssignments`]), with no scheduling policy of its own:
@@ -214,15 +214,29 @@ impl<M> RequestSequence<M> {
         block_size: usize,
         salt: Salt,
     ) -> Result<Self, SequenceError> {
-        let num_input_tokens = tokens.len();
-        Ok(Self {
-            sequence: BlockSequence::with_salt(tokens, block_size, salt)?,
+        let sequence = BlockSequence::with_salt(tokens, block_size, salt)?;
+        Ok(Self::from_sequence(sequence, max_output_tokens))
+    }
+
+    /// A request for `prompt` (its salt and block size), taking the hashes
+    /// the prompt already has instead of hashing it again; `headroom`
+    /// tokens of the generation fit before its buffer grows.
+    pub fn from_hashed(prompt: &HashedPrompt, max_output_tokens: usize, headroom: usize) -> Self {
+        Self::from_sequence(
+            BlockSequence::from_hashed(prompt, headroom),
+            max_output_tokens,
+        )
+    }
+
+    fn from_sequence(sequence: BlockSequence, max_output_tokens: usize) -> Self {
+        Self {
+            num_input_tokens: sequence.total_tokens(),
+            sequence,
             assignments: LogicalBlockAssignments::new(),
-            num_input_tokens,
             max_output_tokens,
             prefix_matched_blocks: 0,
             manager: None,
-        })
+        }
     }
 
     // ------------------------------------------------------------------

@@ -309,16 +309,23 @@ impl<M> Scheduler<M> {
         // (which may be `u32::MAX`), but the first sampled tokens do not copy
         // the whole prompt to a larger buffer.
         let headroom = (request.max_new_tokens() as usize).min(GENERATION_HEADROOM);
-        let mut tokens = Vec::with_capacity(request.prompt().len().saturating_add(headroom));
-        tokens.extend_from_slice(request.prompt());
-        let mut seq = SchedulableSequence::builder(
-            tokens,
-            request.max_new_tokens() as usize,
-            self.manager.block_size(),
-        )
-        .salt(request.salt())
-        .history(HistoryPolicy::Off)
-        .build()?;
+        let max_output = request.max_new_tokens() as usize;
+        let block_size = self.manager.block_size();
+        let hashed = (request.hashed_prompt()).filter(|p| p.fits(block_size, request.salt()));
+        let mut seq = match hashed {
+            Some(prompt) => {
+                SchedulableSequence::from_hashed(prompt, max_output, headroom, HistoryPolicy::Off)
+            }
+            None => {
+                let mut tokens =
+                    Vec::with_capacity(request.prompt().len().saturating_add(headroom));
+                tokens.extend_from_slice(request.prompt());
+                SchedulableSequence::builder(tokens, max_output, block_size)
+                    .salt(request.salt())
+                    .history(HistoryPolicy::Off)
+                    .build()?
+            }
+        };
         seq.match_and_add_prefix(&self.manager)?;
         Ok(Parked {
             seq,

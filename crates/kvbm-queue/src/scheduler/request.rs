@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvbm_sequence::Salt;
+use kvbm_sequence::{HashedPrompt, Salt};
 
 use crate::{Priority, Request};
 
@@ -26,10 +26,19 @@ impl fmt::Display for RequestId {
 pub struct InferenceRequest {
     id: RequestId,
     priority: Priority,
-    prompt: Arc<[u32]>,
+    prompt: Prompt,
     max_new_tokens: u32,
     salt: Salt,
     arrival: Option<Duration>,
+}
+
+/// A request's prompt: its tokens, with their block hashes when whoever
+/// built the request had them. One pointer wide either way, so a request
+/// (and a refused one handed back) stays small.
+#[derive(Clone)]
+enum Prompt {
+    Tokens(Arc<[u32]>),
+    Hashed(HashedPrompt),
 }
 
 impl InferenceRequest {
@@ -38,9 +47,25 @@ impl InferenceRequest {
         Self {
             id,
             priority: Priority::Normal,
-            prompt: prompt.into(),
+            prompt: Prompt::Tokens(prompt.into()),
             max_new_tokens,
             salt: Salt::NONE,
+            arrival: None,
+        }
+    }
+
+    /// A [`Priority::Normal`] request for a prompt already hashed (by a
+    /// router keying it, say), under the prompt's salt. When its block size
+    /// is the scheduler's, the request's sequence takes those hashes instead
+    /// of hashing the prompt again; otherwise (or after
+    /// [`with_salt`](Self::with_salt) changed the salt) it hashes as usual.
+    pub fn hashed(id: RequestId, prompt: HashedPrompt, max_new_tokens: u32) -> Self {
+        Self {
+            id,
+            priority: Priority::Normal,
+            salt: prompt.salt(),
+            prompt: Prompt::Hashed(prompt),
+            max_new_tokens,
             arrival: None,
         }
     }
@@ -68,12 +93,24 @@ impl InferenceRequest {
 
     /// The prompt tokens.
     pub fn prompt(&self) -> &[u32] {
-        &self.prompt
+        match &self.prompt {
+            Prompt::Tokens(tokens) => tokens,
+            Prompt::Hashed(prompt) => prompt.tokens(),
+        }
     }
 
     /// The salt.
     pub fn salt(&self) -> Salt {
         self.salt
+    }
+
+    /// The prompt with its block hashes, if the request was built
+    /// [`hashed`](Self::hashed).
+    pub fn hashed_prompt(&self) -> Option<&HashedPrompt> {
+        match &self.prompt {
+            Prompt::Tokens(_) => None,
+            Prompt::Hashed(prompt) => Some(prompt),
+        }
     }
 }
 
@@ -89,7 +126,7 @@ impl Request for InferenceRequest {
     }
 
     fn prompt_tokens(&self) -> u32 {
-        u32::try_from(self.prompt.len()).unwrap_or(u32::MAX)
+        u32::try_from(self.prompt().len()).unwrap_or(u32::MAX)
     }
 
     fn max_new_tokens(&self) -> u32 {
@@ -106,7 +143,7 @@ impl fmt::Debug for InferenceRequest {
         f.debug_struct("InferenceRequest")
             .field("id", &self.id)
             .field("priority", &self.priority)
-            .field("prompt_tokens", &self.prompt.len())
+            .field("prompt_tokens", &self.prompt().len())
             .field("max_new_tokens", &self.max_new_tokens)
             .finish()
     }
@@ -114,6 +151,7 @@ impl fmt::Debug for InferenceRequest {
 
 /// Why a request left the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FinishReason {
     /// It generated `max_new_tokens` tokens.
     MaxTokens,

@@ -211,13 +211,25 @@ impl<M> Running<M> {
         }
     }
 
-    /// Fills `ids` with the staged and unassigned blocks, in table order:
-    /// the ones a registration may publish.
-    fn unregistered_block_ids(&self, ids: &mut Vec<BlockId>) {
+    /// Fills `ids` with the staged and unassigned blocks, in table order,
+    /// that applying `work` may publish or give back: all of them for a
+    /// speculative step (a rollback gives back the table's tail), else the
+    /// first ones the step's tokens can complete. A decode step of a
+    /// request with many blocks allocated ahead copies two ids, not all.
+    fn unregistered_block_ids(&self, work: Work, block_size: usize, ids: &mut Vec<BlockId>) {
         let assignments = self.seq.inner().assignments();
+        let limit = match work {
+            Work::Speculative { .. } => usize::MAX,
+            // Staged blocks, the blocks the tokens fill (the first maybe
+            // partly filled before), and one for a sampled token.
+            Work::Prefill { .. } | Work::Decode => (assignments.staged_count())
+                .saturating_add(work.tokens().div_ceil(block_size.max(1)))
+                .saturating_add(2),
+        };
         ids.clear();
-        ids.extend(assignments.staged().iter().map(|block| block.block_id()));
-        ids.extend(assignments.unassigned().map(|block| block.block_id()));
+        let staged = assignments.staged().iter().map(|block| block.block_id());
+        let unassigned = assignments.unassigned().map(|block| block.block_id());
+        ids.extend(staged.chain(unassigned).take(limit));
     }
 
     /// Whether publishing blocks replaced any of them: a block whose content
@@ -271,7 +283,7 @@ impl<M> Running<M> {
         };
         let registered_before = self.seq.assigned_blocks();
         let held_before = self.seq.held_blocks();
-        self.unregistered_block_ids(&mut scratch.blocks);
+        self.unregistered_block_ids(work, manager.block_size(), &mut scratch.blocks);
         match (work, output.token) {
             (Work::Speculative { drafts }, Some(token)) => {
                 scratch.tokens.clear();

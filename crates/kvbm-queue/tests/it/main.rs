@@ -13,6 +13,7 @@ mod defects;
 mod edges;
 #[cfg(not(kvbm_loom))]
 mod fuzz;
+mod hashed;
 #[cfg(not(kvbm_loom))]
 mod kernels;
 #[cfg(not(kvbm_loom))]

@@ -2,7 +2,7 @@
 //! differing token or salt changes every hash from its block on, for plain
 //! (XXH3-128) and keyed (SipHash-1-3-128) salts alike.
 
-use kvbm_sequence::{BlockSequence, HashKey, Salt};
+use kvbm_sequence::{BlockSequence, HashKey, HashedPrompt, Salt, SequenceError};
 use proptest::prelude::*;
 
 fn tokens(max_len: usize) -> impl Strategy<Value = Vec<u32>> {
@@ -129,4 +129,38 @@ proptest! {
         chunked.extend(&tokens[at..]);
         prop_assert_eq!(&chunked, &whole);
     }
+
+    /// A prompt hashed once names its blocks exactly as a sequence of it
+    /// does (any salt, plain or keyed, any block size), and a sequence
+    /// started from it is the sequence that hashes the prompt itself, and
+    /// grows the same way after.
+    #[test]
+    fn a_hashed_prompt_is_the_sequence_of_its_tokens(
+        tokens in tokens(96),
+        more in tokens(40),
+        block_size in 1usize..9,
+        salt in salt(),
+        headroom in 0usize..64,
+    ) {
+        let prompt = HashedPrompt::new(tokens.clone(), block_size, salt).unwrap();
+        let hashed = BlockSequence::with_salt(tokens.clone(), block_size, salt).unwrap();
+        prop_assert_eq!(prompt.hashes(), hashed.sequence_hashes());
+        prop_assert_eq!(prompt.tokens(), &tokens[..]);
+        prop_assert!(prompt.fits(block_size, salt));
+        prop_assert!(!prompt.fits(block_size + 1, salt));
+
+        let mut from_prompt = BlockSequence::from_hashed(&prompt, headroom);
+        let mut hashed = hashed;
+        prop_assert_eq!(&from_prompt, &hashed);
+        prop_assert_eq!(from_prompt.extend(&more), hashed.extend(&more));
+        prop_assert_eq!(&from_prompt, &hashed);
+    }
+}
+
+#[test]
+fn a_hashed_prompt_refuses_blocks_of_no_tokens() {
+    assert!(matches!(
+        HashedPrompt::new(vec![1, 2, 3], 0, Salt::NONE),
+        Err(SequenceError::ZeroBlockSize)
+    ));
 }
