@@ -11,6 +11,19 @@
 //! what a lookup pays per worker in a large fleet. Throughput is in blocks
 //! of the request.
 //!
+//! `fleet-1024-*`: 1,024 workers each holding one 64-block chain shared by
+//! all (a system prompt) and one 64-block chain of their own, keyed by
+//! well-mixed hashes as real block hashes are. `overlaps/fleet-1024-all`
+//! looks up the shared chain (every worker matches all 64 blocks),
+//! `overlaps/fleet-1024-one` one worker's own chain (one worker matches):
+//! what a lookup costs at fleet size when everyone or no one else matches.
+//! `store+remove/fleet-1024` stores then removes a 64-block chain of new
+//! blocks on one of the 1,024 workers, `store+remove/fleet-1024-shared`
+//! removes then stores again its copy of the shared chain (blocks 1,023
+//! other workers hold); their throughput is in blocks carried by the two
+//! events (128), so criterion's time per element is an event's cost per
+//! block.
+//!
 //! Run: `cargo bench -p kvbm-benches --bench router`;
 //! smoke: `cargo test -p kvbm-benches --bench router`.
 
@@ -24,6 +37,10 @@ use kvbm_router::{KvAware, RouteRequest, Router};
 const WORKERS: u64 = 16;
 /// Workers of the large-fleet lookup.
 const FLEET: u64 = 256;
+/// Workers of the fleet-size rows.
+const FLEET_1024: u64 = 1_024;
+/// Blocks of a fleet-size row's request and event.
+const CHAIN: u64 = 64;
 const BLOCKS: u64 = 256;
 const SHARED: u64 = 64;
 
@@ -38,15 +55,12 @@ fn key(worker: u64, chain: u64, i: u64) -> u64 {
 }
 
 fn stored(keys: impl Iterator<Item = u64>) -> KvEvent {
-    KvEvent::BlockStored(BlockStored {
-        block_hashes: keys.map(BlockHash::Int).collect(),
-        parent_block_hash: None,
-        token_ids: Vec::new(),
-        block_size: 16,
-        lora_id: None,
-        medium: None,
-        lora_name: None,
-    })
+    KvEvent::BlockStored(BlockStored::new(
+        keys.map(BlockHash::Int).collect(),
+        None,
+        Vec::new(),
+        16,
+    ))
 }
 
 fn filled_router(workers: u64, chains: u64) -> Router {
@@ -59,6 +73,87 @@ fn filled_router(workers: u64, chains: u64) -> Router {
         }
     }
     router
+}
+
+/// A well-mixed key for `(owner, i)` (SplitMix64's finalizer): real block
+/// hashes are uniform, so the index sees the spread it sees in service.
+/// Owner `u64::MAX` is the chain every worker shares.
+fn mixed(owner: u64, i: u64) -> u64 {
+    let mut z = owner
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The chain every fleet worker holds.
+const SHARED_CHAIN: u64 = u64::MAX;
+
+fn chain(owner: u64) -> impl Iterator<Item = u64> + Clone {
+    (0..CHAIN).map(move |i| mixed(owner, i))
+}
+
+fn removed(keys: impl Iterator<Item = u64>) -> KvEvent {
+    KvEvent::BlockRemoved(kvbm_events::BlockRemoved::new(
+        keys.map(BlockHash::Int).collect(),
+    ))
+}
+
+/// 1,024 workers, each with the shared chain and one of its own.
+fn fleet_router() -> Router {
+    let router = Router::new();
+    for worker in 0..FLEET_1024 {
+        router.add_worker(worker).expect("new worker");
+        let own = stored(chain(SHARED_CHAIN).chain(chain(worker)));
+        router.apply(worker, &own).expect("known worker");
+    }
+    router
+}
+
+/// The fleet-size rows: lookups among 1,024 workers, and an event's cost
+/// per block on one of them.
+fn bench_fleet(c: &mut Criterion) {
+    let router = fleet_router();
+    let mut group = c.benchmark_group("router");
+    group.throughput(Throughput::Elements(CHAIN));
+    let all: Vec<u128> = chain(SHARED_CHAIN).map(u128::from).collect();
+    let one: Vec<u128> = chain(517).map(u128::from).collect();
+    for (name, keys, holders) in [
+        ("fleet-1024-all", &all, FLEET_1024 as usize),
+        ("fleet-1024-one", &one, 1),
+    ] {
+        let found = router.index().overlaps(keys);
+        assert_eq!(found.len(), holders, "{name}");
+        assert!(found.iter().all(|&(_, depth)| depth == CHAIN as usize));
+        group.bench_with_input(BenchmarkId::new("overlaps", name), keys, |b, keys| {
+            b.iter(|| black_box(router.index().overlaps(black_box(keys))));
+        });
+    }
+    // Two events of 64 blocks each per iteration.
+    group.throughput(Throughput::Elements(2 * CHAIN));
+    let worker = 5;
+    let fresh = chain(1 << 40);
+    let (store, remove) = (stored(fresh.clone()), removed(fresh));
+    group.bench_function(BenchmarkId::new("store+remove", "fleet-1024"), |b| {
+        b.iter(|| {
+            router.apply(worker, black_box(&store)).expect("known");
+            router.apply(worker, black_box(&remove)).expect("known");
+        });
+    });
+    let shared = chain(SHARED_CHAIN);
+    let (store, remove) = (stored(shared.clone()), removed(shared));
+    group.bench_function(BenchmarkId::new("store+remove", "fleet-1024-shared"), |b| {
+        b.iter(|| {
+            router.apply(worker, black_box(&remove)).expect("known");
+            router.apply(worker, black_box(&store)).expect("known");
+        });
+    });
+    assert_eq!(
+        router.stats(worker).map(|s| s.held_blocks),
+        Some(2 * CHAIN as usize)
+    );
+    group.finish();
 }
 
 fn bench_router(c: &mut Criterion) {
@@ -74,11 +169,7 @@ fn bench_router(c: &mut Criterion) {
         });
         group.bench_with_input(BenchmarkId::new("route-kv-aware", name), keys, |b, keys| {
             let mut policy = KvAware::new(0);
-            let request = RouteRequest {
-                keys,
-                prompt_tokens: 16 * BLOCKS as usize,
-                block_size: 16,
-            };
+            let request = RouteRequest::new(keys, 16 * BLOCKS as usize, 16);
             b.iter(|| black_box(router.route(&request, &mut policy)));
         });
     }
@@ -96,10 +187,8 @@ fn bench_router(c: &mut Criterion) {
     let KvEvent::BlockStored(ref blocks) = event else {
         unreachable!()
     };
-    let removal = KvEvent::BlockRemoved(kvbm_events::BlockRemoved {
-        block_hashes: blocks.block_hashes.clone(),
-        medium: None,
-    });
+    let removal =
+        KvEvent::BlockRemoved(kvbm_events::BlockRemoved::new(blocks.block_hashes.clone()));
     router.add_worker(WORKERS).expect("new worker");
     group.bench_function("store+remove", |b| {
         b.iter(|| {
@@ -110,5 +199,5 @@ fn bench_router(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_router);
+criterion_group!(benches, bench_router, bench_fleet);
 criterion_main!(benches);

@@ -1,64 +1,71 @@
 //! [`PrefixIndex`]: which workers hold which blocks, on which medium, for
 //! many workers at once, safe to update and query from many threads.
+//!
+//! Code map: `holders.rs` is one key's set of workers (inline, list or
+//! bitset over dense worker slots); `shards.rs` maps keys to those sets,
+//! sharded by key; `table.rs` numbers the workers with slots and counts
+//! their blocks; `walk.rs` intersects a request's keys' sets.
+//!
+//! Locks, in order, each at most once: the sweep lock (a garbage
+//! collection, alone), then the worker table (`table.rs`: read by every
+//! event and lookup, written for O(1) work by a worker's addition,
+//! removal or clear), then one key shard at a time (`shards.rs`). The
+//! media table's append lock is a leaf.
 
-use std::collections::HashSet;
-use std::sync::PoisonError;
+mod holders;
+mod shards;
+mod table;
+#[cfg(test)]
+mod tests;
+mod walk;
 
-use foldhash::fast::RandomState;
+use std::fmt;
+
+use holders::{Holders, WorkerSlot};
+use shards::Shards;
+use table::Table;
+use walk::Survivors;
 
 use crate::medium::{self, DEVICE_SLOT, Media, Slot};
-use crate::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, lock, write};
+use crate::sync::{
+    AtomicBool, Mutex, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard, lock, write,
+};
 use crate::{RouterError, WorkerId};
-
-/// One worker's blocks on one medium.
-type Blocks = HashSet<u128, RandomState>;
-
-/// One worker's blocks, by medium slot (a slot past the end holds none).
-#[derive(Debug, Default)]
-struct Held(Vec<Blocks>);
-
-impl Held {
-    /// The blocks on `slot`, made room for.
-    fn on_mut(&mut self, slot: Slot) -> &mut Blocks {
-        if self.0.len() <= slot {
-            self.0.resize_with(slot + 1, Blocks::default);
-        }
-        &mut self.0[slot]
-    }
-
-    fn on(&self, slot: Slot) -> Option<&Blocks> {
-        self.0.get(slot)
-    }
-
-    /// Blocks on every medium.
-    fn len(&self) -> usize {
-        self.0.iter().map(HashSet::len).sum()
-    }
-
-    /// Forgets every medium's blocks (keeping the room); how many there
-    /// were.
-    fn clear(&mut self) -> usize {
-        let held = self.len();
-        self.0.iter_mut().for_each(HashSet::clear);
-        held
-    }
-}
-
-/// Every worker's blocks, sorted by worker id.
-type Workers = Vec<(WorkerId, Mutex<Held>)>;
 
 /// Block keys by the workers that hold them, per storage medium. A key is
 /// the block's hash as the engines send it ([`block_key`](crate::block_key));
 /// it names the block *and its whole prefix*, so a worker holding a
 /// request's first `n` keys holds its first `n` blocks.
 ///
-/// The index is partitioned by worker, as Dynamo's sharded indexer is:
-/// each worker's blocks are a set of their own behind their own lock. A
-/// worker's events (every block every engine stores or evicts: the bulk of
-/// a router's work) touch only its set, so workers applied from different
-/// threads never contend, and a set stays as small as one engine's cache.
-/// A request's overlap walks each worker's set while it matches: one probe
-/// per worker plus one per block matched.
+/// The index keeps, for each key on each medium, the set of workers
+/// holding it, as a set of dense worker numbers: a few inline, more as a
+/// sorted list, many as a bitset (so a key one worker holds costs no
+/// fleet-wide bitset). The keys are split over 256 shards, each behind its
+/// own lock: a worker's events (every block every engine stores or evicts:
+/// the bulk of a router's work) lock one shard per block and nothing over
+/// the whole index, so workers applied from different threads meet only
+/// when their blocks fall in the same shard at the same moment.
+///
+/// A request's overlap intersects its keys' holder sets one after the
+/// other, recording the depth at which each worker drops out, and stops
+/// when no one matches: its cost follows the request's length and the
+/// workers that match it (a step costs a probe per match, or a word per 64
+/// workers while many match), not the size of the fleet.
+///
+/// What that costs the events: a shard lock and a map update per block
+/// (where sets per worker took one lock per event), and a map entry of 32
+/// bytes per key and medium held (a key one worker holds costs twice what
+/// a set per worker did; a key many hold, far less). An event's blocks
+/// land one at a time and a lookup reads each key as it is when it gets
+/// there, so a lookup racing a worker's events may see some of their
+/// blocks and not others (never a block the worker never stored); a
+/// worker's addition, removal and clear are atomic to lookups.
+///
+/// Forgetting a worker (its removal or clear) is O(1): its number is
+/// retired, hidden from every lookup at once, and its bits are dropped
+/// from the sets later, all retired numbers' together, by a sweep of the
+/// shards once their garbage reaches what the last sweep kept (so a
+/// sweep's cost is amortized over the blocks it collects).
 ///
 /// Media: a worker's keys are kept per medium, as vLLM's events name one
 /// (`"GPU"`, `"CPU"`, ...). No medium and `"GPU"` are both the *device*
@@ -86,41 +93,39 @@ type Workers = Vec<(WorkerId, Mutex<Held>)>;
 /// assert_eq!(index.overlaps_on(Some("CPU"), &[2]), [(9, 1)]);
 /// # Ok::<(), kvbm_router::RouterError>(())
 /// ```
-#[derive(Debug, Default)]
 pub struct PrefixIndex {
-    /// Every worker that holds (or held) blocks, sorted by id. Read-locked
-    /// by every update and query, write-locked only when a worker is first
-    /// seen or forgotten.
-    workers: RwLock<Workers>,
+    /// The workers, their slots and counters.
+    table: RwLock<Table>,
+    /// Every key's holders.
+    shards: Shards,
+    /// Held by the one sweep running.
+    sweeping: Mutex<()>,
+    /// Whether a sweep may be due: set and cleared under the table's write
+    /// lock, read without it (a missed set only delays a sweep).
+    due: AtomicBool,
     /// The media named so far.
     media: Media,
 }
 
-/// Where `worker` is in `workers`, or would go.
-fn position(workers: &Workers, worker: WorkerId) -> Result<usize, usize> {
-    workers.binary_search_by_key(&worker, |(id, _)| *id)
+impl Default for PrefixIndex {
+    fn default() -> Self {
+        Self {
+            table: RwLock::new(Table::default()),
+            shards: Shards::default(),
+            sweeping: Mutex::new(()),
+            due: AtomicBool::new(false),
+            media: Media::default(),
+        }
+    }
 }
 
-/// `worker`'s blocks, locked, if it has a set.
-fn held_of(workers: &Workers, worker: WorkerId) -> Option<MutexGuard<'_, Held>> {
-    position(workers, worker)
-        .ok()
-        .map(|at| lock(&workers[at].1))
-}
-
-/// Records in `workers` that `worker` holds each of `keys` on `slot`, if
-/// it has a set; how many were new.
-fn insert(
-    workers: &Workers,
-    worker: WorkerId,
-    slot: Slot,
-    keys: impl IntoIterator<Item = u128>,
-) -> usize {
-    let Some(mut held) = held_of(workers, worker) else {
-        return 0;
-    };
-    let blocks = held.on_mut(slot);
-    keys.into_iter().filter(|&key| blocks.insert(key)).count()
+impl fmt::Debug for PrefixIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixIndex")
+            .field("workers", &self.worker_ids())
+            .field("media", &self.media)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PrefixIndex {
@@ -191,38 +196,46 @@ impl PrefixIndex {
     }
 
     /// Forgets every block `worker` holds on every medium, and the worker;
-    /// how many it held.
+    /// how many it held. O(1), save for the sweep it may run (see the
+    /// type's docs).
     pub fn remove_worker(&self, worker: WorkerId) -> usize {
-        let mut workers = write(&self.workers);
-        match position(&workers, worker) {
-            Ok(at) => {
-                let (_, held) = workers.remove(at);
-                held.into_inner()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .len()
-            }
-            Err(_) => 0,
-        }
+        let held = self.forget_worker(worker);
+        self.collect();
+        held
     }
 
     /// Forgets every block `worker` holds on every medium, keeping the
-    /// worker (and its sets' room: it is about to store again); how many
-    /// it held.
+    /// worker; how many it held. O(1), save for the sweep it may run.
     pub fn clear_worker(&self, worker: WorkerId) -> usize {
-        held_of(&self.read(), worker).map_or(0, |mut held| held.clear())
+        let held = self.clear_in(worker);
+        self.collect();
+        held
     }
 
     /// The workers holding `key` on the device medium, in order.
     pub fn holders(&self, key: u128) -> Vec<WorkerId> {
-        (self.read().iter())
-            .filter(|(_, held)| lock(held).on(DEVICE_SLOT).is_some_and(|b| b.contains(&key)))
-            .map(|(id, _)| *id)
+        let table = self.read();
+        let found: Vec<(WorkerSlot, ())> = {
+            let maps = self.shards.read(key);
+            let Some(holders) = maps.holders(DEVICE_SLOT, key) else {
+                return Vec::new();
+            };
+            (holders.iter())
+                .filter(|&slot| table.live().contains(slot))
+                .map(|slot| (slot, ()))
+                .collect()
+        };
+        table
+            .ordered(found, None)
+            .into_iter()
+            .map(|(id, ())| id)
             .collect()
     }
 
     /// Blocks `worker` holds, on every medium.
     pub fn held(&self, worker: WorkerId) -> usize {
-        held_of(&self.read(), worker).map_or(0, |held| held.len())
+        let table = self.read();
+        table.find(worker).map_or(0, |at| table.counts(at).total())
     }
 
     /// Blocks `worker` holds on `medium`.
@@ -230,35 +243,30 @@ impl PrefixIndex {
         let Some(slot) = self.media.find(medium) else {
             return 0;
         };
-        held_of(&self.read(), worker)
-            .and_then(|held| held.on(slot).map(HashSet::len))
-            .unwrap_or(0)
+        let table = self.read();
+        table.find(worker).map_or(0, |at| table.counts(at).on(slot))
     }
 
-    /// Distinct keys held by any worker on any medium. Visits every
-    /// worker's blocks: for tests and diagnostics, not the routing path.
+    /// Distinct keys held by any worker on any medium. Visits every key:
+    /// for tests and diagnostics, not the routing path.
     pub fn len(&self) -> usize {
-        let workers = self.read();
-        let mut distinct = Blocks::default();
-        for (_, held) in workers.iter() {
-            lock(held)
-                .0
-                .iter()
-                .for_each(|blocks| distinct.extend(blocks));
-        }
-        distinct.len()
+        let table = self.read();
+        self.shards.distinct(table.live())
     }
 
     /// Whether no worker holds anything on any medium.
     pub fn is_empty(&self) -> bool {
-        self.read().iter().all(|(_, held)| lock(held).len() == 0)
+        let table = self.read();
+        table.all_counts().iter().all(|counts| counts.total() == 0)
     }
 
     /// For the chain of block keys of a request (its prefix first), how
     /// many leading blocks each worker holds on the device medium, for
-    /// every worker holding at least the first; in worker order. Each
-    /// worker's walk stops at its first missing block, so a worker without
-    /// the first costs one probe.
+    /// every worker holding at least the first; in worker order. The walk
+    /// intersects each key's holders with the workers still matching and
+    /// stops when none is, so it costs a probe per block while anyone
+    /// matches, plus a probe per match (or a word per 64 workers while
+    /// many match), whatever the number of workers.
     pub fn overlaps(&self, keys: &[u128]) -> Vec<(WorkerId, usize)> {
         self.overlaps_in(DEVICE_SLOT, keys)
     }
@@ -275,7 +283,10 @@ impl PrefixIndex {
     /// that continue the prefix on the lower media `weights` names (each
     /// block counted once, at the weight of the first medium in `weights`
     /// holding it; the walk ends at the first block no medium holds), in
-    /// worker order. Media never stored on are skipped.
+    /// worker order. Media never stored on are skipped. Walks as
+    /// [`overlaps`](Self::overlaps) does, each worker past its device
+    /// prefix probed on each weighted medium: its cost follows the keys and
+    /// the workers that match, not the fleet.
     pub fn tiered_overlaps(
         &self,
         weights: &[(&str, f64)],
@@ -287,37 +298,86 @@ impl PrefixIndex {
                 (slot != DEVICE_SLOT).then_some((slot, weight))
             })
             .collect();
-        (self.read().iter())
-            .filter_map(|(id, held)| {
-                let held = lock(held);
-                let device = held.on(DEVICE_SLOT);
-                let depth = match device {
-                    Some(blocks) => keys.iter().take_while(|key| blocks.contains(key)).count(),
-                    None => 0,
-                };
-                let mut credit = 0.0;
-                for key in &keys[depth..] {
-                    let weight = (slots.iter())
-                        .find_map(|&(slot, weight)| held.on(slot)?.contains(key).then_some(weight));
-                    match weight {
-                        Some(weight) => credit += weight,
-                        None => break,
-                    }
+        let table = self.read();
+        let live = table.live();
+        // Workers still matching on the device; workers past their device
+        // prefix, still walking the lower media (slot, depth, credit); and
+        // those whose walk ended.
+        let mut device = Survivors::none();
+        let mut walkers: Vec<(WorkerSlot, usize, f64)> = Vec::new();
+        let mut dropped = Vec::new();
+        let mut ended: Vec<(WorkerSlot, (usize, f64))> = Vec::new();
+        for (depth, &key) in keys.iter().enumerate() {
+            let maps = self.shards.read(key);
+            let on_device = maps.holders(DEVICE_SLOT, key).map(Holders::view);
+            if depth == 0 {
+                if let Some(first) = on_device {
+                    device = Survivors::start(first, live);
                 }
-                (depth > 0 || credit > 0.0).then_some((*id, depth, credit))
-            })
+                // Lower-tier holders of the first block not on the device:
+                // walking from the start.
+                let mut first: Vec<WorkerSlot> = (slots.iter())
+                    .filter_map(|&(slot, _)| maps.holders(slot, key))
+                    .flat_map(Holders::iter)
+                    .filter(|&s| live.contains(s) && !on_device.is_some_and(|d| d.contains(s)))
+                    .collect();
+                first.sort_unstable();
+                first.dedup();
+                walkers.extend(first.into_iter().map(|slot| (slot, 0, 0.0)));
+            } else {
+                device.step(on_device, depth, &mut dropped);
+                walkers.extend(dropped.drain(..).map(|(slot, depth)| (slot, depth, 0.0)));
+            }
+            walkers.retain_mut(|(slot, depth, credit)| {
+                let weight = (slots.iter()).find_map(|&(medium, weight)| {
+                    maps.holders(medium, key)?.contains(*slot).then_some(weight)
+                });
+                match weight {
+                    Some(weight) => *credit += weight,
+                    None => ended.push((*slot, (*depth, *credit))),
+                }
+                weight.is_some()
+            });
+            if device.is_empty() && walkers.is_empty() {
+                break;
+            }
+        }
+        device.finish(keys.len(), &mut dropped);
+        ended.extend(
+            dropped
+                .into_iter()
+                .map(|(slot, depth)| (slot, (depth, 0.0))),
+        );
+        ended.extend((walkers.into_iter()).map(|(slot, depth, credit)| (slot, (depth, credit))));
+        ended.retain(|&(_, (depth, credit))| depth > 0 || credit > 0.0);
+        (table.ordered(ended, None).into_iter())
+            .map(|(id, (depth, credit))| (id, depth, credit))
             .collect()
     }
 
-    fn overlaps_in(&self, slot: Slot, keys: &[u128]) -> Vec<(WorkerId, usize)> {
-        (self.read().iter())
-            .filter_map(|(id, held)| {
-                let held = lock(held);
-                let blocks = held.on(slot)?;
-                let depth = keys.iter().take_while(|key| blocks.contains(key)).count();
-                (depth > 0).then_some((*id, depth))
-            })
-            .collect()
+    fn overlaps_in(&self, medium: Slot, keys: &[u128]) -> Vec<(WorkerId, usize)> {
+        let Some((&first, rest)) = keys.split_first() else {
+            return Vec::new();
+        };
+        let table = self.read();
+        let mut survivors = match self.shards.read(first).holders(medium, first) {
+            Some(holders) => Survivors::start(holders.view(), table.live()),
+            None => return Vec::new(),
+        };
+        let mut ended = Vec::new();
+        for (at, &key) in rest.iter().enumerate() {
+            if survivors.is_empty() {
+                break;
+            }
+            let maps = self.shards.read(key);
+            // `at + 1` keys matched before this one.
+            survivors.step(
+                maps.holders(medium, key).map(Holders::view),
+                at + 1,
+                &mut ended,
+            );
+        }
+        table.ordered(ended, Some((&survivors, keys.len())))
     }
 
     /// The media named so far.
@@ -325,80 +385,150 @@ impl PrefixIndex {
         &self.media
     }
 
-    /// Gives `worker` an empty set (emptying one it had).
+    /// Gives `worker` an empty set (emptying one it had; the sweep that
+    /// may make due waits for the next removal or clear).
     pub(crate) fn add_worker(&self, worker: WorkerId) {
-        let mut workers = write(&self.workers);
-        match position(&workers, worker) {
+        let mut table = write(&self.table);
+        match table.position(worker) {
             Ok(at) => {
-                let held = workers[at].1.get_mut();
-                held.unwrap_or_else(PoisonError::into_inner).clear();
+                table.clear(at);
+                self.note_due(&table);
             }
-            Err(at) => workers.insert(at, (worker, Mutex::default())),
+            Err(at) => table.add(at, worker),
         }
     }
 
-    /// Records that `worker` holds each of `keys` on `slot`, if it has a
-    /// set (never making one); how many were new.
+    /// [`remove_worker`](Self::remove_worker) without the sweep (for a
+    /// caller holding locks of its own: it calls
+    /// [`collect`](Self::collect) once it released them).
+    pub(crate) fn forget_worker(&self, worker: WorkerId) -> usize {
+        let mut table = write(&self.table);
+        let held = table.find(worker).map_or(0, |at| table.remove(at));
+        self.note_due(&table);
+        held
+    }
+
+    /// [`clear_worker`](Self::clear_worker) without the sweep, as
+    /// [`forget_worker`](Self::forget_worker).
+    pub(crate) fn clear_in(&self, worker: WorkerId) -> usize {
+        let mut table = write(&self.table);
+        let held = table.find(worker).map_or(0, |at| table.clear(at));
+        self.note_due(&table);
+        held
+    }
+
+    /// Raises the sweep flag if `table` (write-locked) calls for a sweep.
+    fn note_due(&self, table: &RwLockWriteGuard<'_, Table>) {
+        if table.sweep_due() {
+            self.due.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Sweeps the retired workers' bits out of every shard, if a sweep is
+    /// due (see the type's docs); one sweep at a time, each shard locked
+    /// in turn. Called with no lock held.
+    pub(crate) fn collect(&self) {
+        if !self.due.load(Ordering::Relaxed) {
+            return;
+        }
+        let _sweeping = lock(&self.sweeping);
+        let sweep = {
+            let mut table = write(&self.table);
+            // Retirements from here on raise the flag again.
+            self.due.store(false, Ordering::Relaxed);
+            if !table.sweep_due() {
+                return;
+            }
+            table.begin_sweep()
+        };
+        let kept = self.shards.sweep(sweep.dead());
+        let mut table = write(&self.table);
+        table.end_sweep(sweep, kept);
+        self.note_due(&table);
+    }
+
+    /// Records that `worker` holds each of `keys` on `slot`, if it is in
+    /// the index (never adding it); how many were new.
     pub(crate) fn insert_in(
         &self,
         worker: WorkerId,
         slot: Slot,
         keys: impl IntoIterator<Item = u128>,
     ) -> usize {
-        insert(&self.read(), worker, slot, keys)
+        self.insert_into(&self.read(), worker, slot, keys)
     }
 
-    /// Records that `worker` no longer holds each of `keys` on `slot`; how
-    /// many it did.
+    /// Records that `worker` no longer holds each of `keys` on `medium`;
+    /// how many it did.
     pub(crate) fn remove_in(
         &self,
         worker: WorkerId,
-        slot: Slot,
+        medium: Slot,
         keys: impl IntoIterator<Item = u128>,
     ) -> usize {
-        let workers = self.read();
-        let Some(mut held) = held_of(&workers, worker) else {
+        let table = self.read();
+        let Some(at) = table.find(worker) else {
             return 0;
         };
-        let Some(blocks) = held.0.get_mut(slot) else {
-            return 0;
-        };
-        keys.into_iter().filter(|key| blocks.remove(key)).count()
+        let slot = table.slot(at);
+        let gone = self.shards.remove(medium, keys, slot);
+        table.counts(at).sub(medium, gone);
+        gone
     }
 
-    /// The workers with a set, in order.
+    /// The workers in the index, in order.
     pub(crate) fn worker_ids(&self) -> Vec<WorkerId> {
-        self.read().iter().map(|(id, _)| *id).collect()
+        self.read().ids().to_vec()
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Workers> {
-        crate::sync::read(&self.workers)
+    fn read(&self) -> RwLockReadGuard<'_, Table> {
+        crate::sync::read(&self.table)
     }
 
-    /// [`insert_in`](Self::insert_in), making `worker` a set if it has
-    /// none (the standalone index's `insert`s).
+    /// Records in `table` that `worker` holds each of `keys` on `medium`,
+    /// if it is there; how many were new. Its counter moves once, after
+    /// the blocks (exact whenever none of its events is in flight).
+    fn insert_into(
+        &self,
+        table: &Table,
+        worker: WorkerId,
+        medium: Slot,
+        keys: impl IntoIterator<Item = u128>,
+    ) -> usize {
+        let Some(at) = table.find(worker) else {
+            return 0;
+        };
+        let (slot, live) = (table.slot(at), table.live());
+        let new = self.shards.insert(medium, keys, slot, live);
+        table.counts(at).add(medium, new);
+        new
+    }
+
+    /// [`insert_in`](Self::insert_in), adding `worker` if it is not in the
+    /// index (the standalone index's `insert`s).
     fn insert_with(
         &self,
         worker: WorkerId,
-        slot: Slot,
+        medium: Slot,
         keys: impl IntoIterator<Item = u128>,
     ) -> usize {
-        // None if forgotten again meanwhile: as if stored, then cleared.
-        insert(&self.workers_with(worker), worker, slot, keys)
+        // Not there if forgotten again meanwhile: as if stored, then
+        // cleared.
+        self.insert_into(&self.table_with(worker), worker, medium, keys)
     }
 
-    /// The workers, read-locked, with `worker` among them (added if new).
-    fn workers_with(&self, worker: WorkerId) -> RwLockReadGuard<'_, Workers> {
+    /// The table, read-locked, with `worker` in it (added if new).
+    fn table_with(&self, worker: WorkerId) -> RwLockReadGuard<'_, Table> {
         {
-            let workers = self.read();
-            if position(&workers, worker).is_ok() {
-                return workers;
+            let table = self.read();
+            if table.find(worker).is_some() {
+                return table;
             }
         }
         {
-            let mut workers = write(&self.workers);
-            if let Err(at) = position(&workers, worker) {
-                workers.insert(at, (worker, Mutex::default()));
+            let mut table = write(&self.table);
+            if let Err(at) = table.position(worker) {
+                table.add(at, worker);
             }
         }
         self.read()

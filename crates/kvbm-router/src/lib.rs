@@ -4,11 +4,13 @@
 //! engine's events into one [`PrefixIndex`], and for each request a
 //! [`Policy`] weighs each worker's cached prefix of it against its load.
 //!
-//! - [`PrefixIndex`]: which workers hold which block keys, partitioned by
-//!   worker (as Dynamo's sharded indexer is): a worker's events touch only
-//!   its own set, so workers applied from different threads never contend;
-//!   a request's overlap costs one probe per worker plus one per block
-//!   matched.
+//! - [`PrefixIndex`]: which workers hold which block keys: per key, the set
+//!   of its holders (a few inline, a sorted list, or a bitset), the keys
+//!   split over 256 independently locked shards, so events applied from
+//!   different threads rarely meet. A request's overlap intersects its
+//!   keys' holder sets in turn and stops when no worker matches: its cost
+//!   follows the request's length and the workers that match it, not the
+//!   size of the fleet.
 //! - [`Policy`]: [`Random`], [`RoundRobin`], [`LeastLoaded`], and
 //!   [`KvAware`] (Dynamo's cost: overlap weight × prefill blocks + decode
 //!   blocks, with an optional softmax temperature). Implement the trait to
@@ -36,20 +38,13 @@
 //! router.add_worker(1)?;
 //! router.add_worker(2)?;
 //! // Worker 2 caches the first two blocks of a prompt (hashes 10, 11).
-//! let stored = BlockStored {
-//!     block_hashes: vec![BlockHash::Int(10), BlockHash::Int(11)],
-//!     parent_block_hash: None,
-//!     token_ids: (0..32).collect(),
-//!     block_size: 16,
-//!     lora_id: None,
-//!     medium: Some("GPU".to_owned()),
-//!     lora_name: None,
-//! };
+//! let hashes = vec![BlockHash::Int(10), BlockHash::Int(11)];
+//! let stored = BlockStored::new(hashes, None, (0..32).collect(), 16).with_medium("GPU");
 //! router.apply(2, &KvEvent::BlockStored(stored))?;
 //! router.set_load(1, WorkerLoad::default())?;
 //!
 //! // A request whose three blocks start with those two goes to worker 2.
-//! let request = RouteRequest { keys: &[10, 11, 12], prompt_tokens: 48, block_size: 16 };
+//! let request = RouteRequest::new(&[10, 11, 12], 48, 16);
 //! let decision = router.route(&request, &mut KvAware::new(0)).unwrap();
 //! assert_eq!((decision.worker, decision.overlap_blocks), (2, 2));
 //! # Ok::<(), kvbm_router::RouterError>(())
@@ -93,3 +88,8 @@ pub fn block_key(hash: &BlockHash) -> u128 {
         }
     }
 }
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -5,6 +5,7 @@ use crate::{WorkerId, WorkerLoad};
 
 /// One request, as a policy sees it.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct RouteRequest<'a> {
     /// Its blocks' keys, prefix first (see [`block_key`](crate::block_key)).
     pub keys: &'a [u128],
@@ -14,7 +15,17 @@ pub struct RouteRequest<'a> {
     pub block_size: usize,
 }
 
-impl RouteRequest<'_> {
+impl<'a> RouteRequest<'a> {
+    /// A request of `prompt_tokens` tokens whose blocks of `block_size`
+    /// tokens have `keys`, prefix first.
+    pub const fn new(keys: &'a [u128], prompt_tokens: usize, block_size: usize) -> Self {
+        Self {
+            keys,
+            prompt_tokens,
+            block_size,
+        }
+    }
+
     /// Blocks the prompt fills (the last one possibly partial).
     pub fn prompt_blocks(&self) -> usize {
         self.prompt_tokens.div_ceil(self.block_size.max(1))
@@ -23,6 +34,7 @@ impl RouteRequest<'_> {
 
 /// One worker the request could go to.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Candidate {
     /// Who.
     pub worker: WorkerId,

@@ -16,12 +16,19 @@
 //! 3. the worker's `tally` (its counters), held across the index update
 //!    it counts, so counters and index agree whenever a reader can look;
 //!    or its `load` (a leaf);
-//! 4. the index's worker table, then that worker's set (in
-//!    [`PrefixIndex`]); the media table's append lock is a leaf.
+//! 4. the index's worker table (read by events and lookups, written for
+//!    O(1) work by a worker's addition, removal or clear), then one of its
+//!    key shards at a time (in [`PrefixIndex`]); the media table's append
+//!    lock is a leaf.
 //!
-//! The event path takes the map's read lock, the tally, the index's read
-//! lock and one set: nothing global is written, and nothing is allocated
-//! per block.
+//! The event path takes the map's read lock, the tally, the index's table
+//! read lock and, per block, one key shard's lock: nothing over the whole
+//! index is written, and nothing is allocated per block. The index's
+//! garbage sweep (after a removal or clear, when due) takes its own sweep
+//! lock, the table and the shards one at a time, and runs with none of the
+//! router's locks held: [`Router::remove_worker`] releases `order`, and
+//! [`Router::apply`] and [`Router::apply_message`] the map's `Ref` and the
+//! tally, first.
 //!
 //! Every lock and atomic here comes from `crate::sync`, so
 //! `tests/loom_router.rs` model-checks this protocol (additions, removals
@@ -46,6 +53,7 @@ pub type WorkerId = u64;
 
 /// What a worker reports about its work, for the policies to weigh.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WorkerLoad {
     /// KV blocks held by its running requests.
     pub active_blocks: u64,
@@ -53,6 +61,22 @@ pub struct WorkerLoad {
     pub queued_prefill_tokens: u64,
     /// Requests it is running.
     pub running_requests: u64,
+}
+
+impl WorkerLoad {
+    /// A load of `active_blocks` held by `running_requests` requests, with
+    /// `queued_prefill_tokens` still to prefill.
+    pub const fn new(
+        active_blocks: u64,
+        queued_prefill_tokens: u64,
+        running_requests: u64,
+    ) -> Self {
+        Self {
+            active_blocks,
+            queued_prefill_tokens,
+            running_requests,
+        }
+    }
 }
 
 /// What the router has learned from one worker's events.
@@ -82,6 +106,7 @@ pub struct WorkerStats {
 
 /// Where a request was sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
     /// The chosen worker.
     pub worker: WorkerId,
@@ -266,8 +291,11 @@ impl Router {
         // being applied, and no later event finds the worker, so none can
         // touch its set after this.
         self.workers.remove(worker);
-        self.index.remove_worker(worker);
+        self.index.forget_worker(worker);
         order.remove(at);
+        // The sweep the removal may have made due, with no lock held.
+        drop(order);
+        self.index.collect();
         Ok(())
     }
 
@@ -312,7 +340,13 @@ impl Router {
                     hashes.len(),
                 );
             }
-            KvEvent::AllBlocksCleared => self.clear(worker, stats),
+            KvEvent::AllBlocksCleared => {
+                self.clear(worker, stats);
+                // The sweep the clear may have made due, with no lock held.
+                drop(tally);
+                drop(state);
+                self.index.collect();
+            }
         }
         Ok(())
     }
@@ -339,8 +373,8 @@ impl Router {
         format: &WireFormat,
     ) -> Result<(), RouterError> {
         let state = self.worker(worker)?;
-        let mut tally = lock(&state.tally);
-        let tally = &mut *tally;
+        let mut guard = lock(&state.tally);
+        let tally = &mut *guard;
         let key = |&value: &u128| block_key(&format.hash_value(value));
         match message {
             EventMessage::Batch(batch) => {
@@ -375,6 +409,11 @@ impl Router {
             // re-announce, so the wire says to forget everything.
             EventMessage::Resync(_) => self.clear(worker, &mut tally.stats),
         }
+        // The sweep a clear may have made due, with no lock held (one
+        // relaxed load when none is).
+        drop(guard);
+        drop(state);
+        self.index.collect();
         Ok(())
     }
 
@@ -486,7 +525,8 @@ impl Router {
 
     /// `worker` holds nothing any more, on any medium.
     fn clear(&self, worker: WorkerId, stats: &mut WorkerStats) {
-        self.index.clear_worker(worker);
+        // Its sweep, if due, once the caller released its locks.
+        self.index.clear_in(worker);
         stats.held_blocks = 0;
         stats.clears += 1;
     }

@@ -5,22 +5,24 @@
 //! [`WorkerMap`]: a `DashMap` normally, and under loom (dashmap's shard
 //! locks are not loom's) two loom `RwLock<HashMap>` shards, by worker id
 //! parity, so the models see both what one shard's lock serializes and what
-//! two shards let overlap. The media interner (`medium.rs`) stays on std: it
-//! takes no other lock inside its own, so it adds no interleavings of
-//! interest.
+//! two shards let overlap. The prefix index's locks (its worker table, key
+//! shards and sweep lock) and its per-worker counters come from here too,
+//! its shards shrunk to two under loom (`index/shards.rs`). The media
+//! interner (`medium.rs`) stays on std: it takes no other lock inside its
+//! own, so it adds no interleavings of interest.
 
 use std::sync::PoisonError;
 
 #[cfg(not(kvbm_loom))]
 pub(crate) use std::sync::{
     Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
 };
 
 #[cfg(kvbm_loom)]
 pub(crate) use loom::sync::{
     Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
 };
 
 pub(crate) use map::{WorkerMap, WorkerRef};

@@ -1,8 +1,8 @@
 //! Loom models of the router's worker protocol: every interleaving (up to
 //! `LOOM_MAX_PREEMPTIONS`) of a few threads adding and removing workers,
 //! applying their events and routing, through the public API, over the
-//! real lock order (order list, map shard, tally, index table, worker set;
-//! see `src/router.rs`). A lock-order inversion shows up as a loom
+//! real lock order (order list, map shard, tally, index table, key shard;
+//! see `src/router.rs`), the index's garbage sweeps included. A lock-order inversion shows up as a loom
 //! deadlock, a half-added or half-removed worker as a failed assertion.
 //!
 //! Run: `RUSTFLAGS="--cfg kvbm_loom -C debug-assertions" LOOM_MAX_PREEMPTIONS=2
@@ -13,7 +13,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use kvbm_events::{BlockHash, BlockStored, KvEvent};
-use kvbm_router::{Candidate, Decision, KvAware, RouteRequest, Router, RouterError, WorkerId};
+use kvbm_router::{Candidate, KvAware, PrefixIndex, RouteRequest, Router, RouterError, WorkerId};
 
 /// The worker that comes and goes.
 const W: WorkerId = 7;
@@ -23,24 +23,17 @@ const BYSTANDER: WorkerId = 8;
 
 /// A stored event for integer-hashed blocks `keys` (tokens are not read).
 fn stored(keys: &[u64]) -> KvEvent {
-    KvEvent::BlockStored(BlockStored {
-        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
-        parent_block_hash: None,
-        token_ids: Vec::new(),
-        block_size: 16,
-        lora_id: None,
-        medium: None,
-        lora_name: None,
-    })
+    KvEvent::BlockStored(BlockStored::new(
+        keys.iter().map(|&k| BlockHash::Int(k)).collect(),
+        None,
+        Vec::new(),
+        16,
+    ))
 }
 
 /// A request for the blocks `keys`, 16 tokens each.
 fn request(keys: &[u128]) -> RouteRequest<'_> {
-    RouteRequest {
-        keys,
-        prompt_tokens: 16 * keys.len(),
-        block_size: 16,
-    }
+    RouteRequest::new(keys, 16 * keys.len(), 16)
 }
 
 /// The candidates a route for `keys` weighs.
@@ -176,14 +169,83 @@ fn additions_racing_a_route_offer_only_whole_workers() {
             assert_eq!(candidate.overlap_blocks, overlap, "{candidate:?}");
         }
         assert_eq!(
-            decision,
-            Some(Decision {
-                worker: HOLDER,
-                overlap_blocks: 1
-            })
+            decision.map(|d| (d.worker, d.overlap_blocks)),
+            Some((HOLDER, 1))
         );
         let audit = router.audit().expect("consistent after the race");
         assert_eq!((audit.workers, audit.held_blocks), (3, 1));
         assert_eq!(router.workers(), [1, HOLDER, 4]);
+    });
+}
+
+/// A worker removed while a newcomer stores and a lookup runs, on the
+/// index alone: the removal sweeps the worker's bits (every removal with
+/// blocks does, in the loom build) and frees its slot, which the newcomer
+/// may get. The lookup sees the worker whole or gone, never the newcomer
+/// credited with the removed worker's blocks (a recycled slot inheriting
+/// old bits), and afterwards only what each one stored is there.
+#[test]
+fn a_recycled_slot_never_inherits_a_removed_workers_blocks() {
+    loom::model(|| {
+        const NEWCOMER: WorkerId = 9;
+        let index = Arc::new(PrefixIndex::new());
+        index.insert_many(W, [1, 2]);
+        index.insert(1, BYSTANDER);
+        let remover = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || index.remove_worker(W))
+        };
+        let newcomer = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || index.insert(3, NEWCOMER))
+        };
+        let seen = index.overlaps(&[1, 2]);
+        assert!(
+            seen == [(W, 2), (BYSTANDER, 1)] || seen == [(BYSTANDER, 1)],
+            "{seen:?}"
+        );
+        assert_eq!(remover.join().expect("no panic"), 2);
+        assert!(newcomer.join().expect("no panic"));
+
+        assert_eq!(index.overlaps(&[1, 2]), [(BYSTANDER, 1)]);
+        assert!(index.holders(2).is_empty());
+        assert_eq!(index.overlaps(&[3]), [(NEWCOMER, 1)]);
+        assert_eq!((index.held(W), index.held(NEWCOMER)), (0, 1));
+        assert_eq!(index.len(), 2);
+    });
+}
+
+/// A worker's clear racing its own store from another thread, and a
+/// lookup: the store (which holds the worker table's read lock
+/// throughout, the clear its write lock) lands whole after the clear or is
+/// cleared whole, the block held before is gone either way, and the
+/// counters agree with what lookups find.
+#[test]
+fn a_clear_racing_a_store_keeps_counts_and_lookups_agreeing() {
+    loom::model(|| {
+        let index = Arc::new(PrefixIndex::new());
+        index.insert(1, W);
+        let clearer = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || index.clear_worker(W))
+        };
+        let stored = index.insert_many(W, [2, 3]);
+        let seen = index.overlaps(&[2, 3]);
+        let cleared = clearer.join().expect("no panic");
+
+        assert_eq!(stored, 2, "both blocks were new to the worker");
+        assert!(cleared == 1 || cleared == 3, "cleared {cleared}");
+        assert!(index.holders(1).is_empty());
+        let held = index.held(W);
+        assert_eq!(held, 3 - cleared, "cleared {cleared}");
+        let expected: &[(WorkerId, usize)] = if held == 2 { &[(W, 2)] } else { &[] };
+        assert_eq!(index.overlaps(&[2, 3]), expected);
+        // The store is whole to a lookup on its thread: seen, or cleared
+        // since.
+        assert!(
+            seen == [(W, 2)] || seen.is_empty() && cleared == 3,
+            "{seen:?}"
+        );
+        assert_eq!(index.len(), held);
     });
 }

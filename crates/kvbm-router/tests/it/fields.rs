@@ -13,22 +13,20 @@ use crate::stored;
 
 /// A stored event of `keys` on `medium`, of `block_size` tokens per block.
 fn stored_on(keys: &[u64], medium: Option<&str>, block_size: u32) -> KvEvent {
-    KvEvent::BlockStored(BlockStored {
-        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
-        parent_block_hash: None,
-        token_ids: Vec::new(),
+    let mut stored = BlockStored::new(
+        keys.iter().map(|&k| BlockHash::Int(k)).collect(),
+        None,
+        Vec::new(),
         block_size,
-        lora_id: None,
-        medium: medium.map(str::to_owned),
-        lora_name: None,
-    })
+    );
+    stored.medium = medium.map(str::to_owned);
+    KvEvent::BlockStored(stored)
 }
 
 fn removed_on(keys: &[u64], medium: Option<&str>) -> KvEvent {
-    KvEvent::BlockRemoved(BlockRemoved {
-        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
-        medium: medium.map(str::to_owned),
-    })
+    let mut removed = BlockRemoved::new(keys.iter().map(|&k| BlockHash::Int(k)).collect());
+    removed.medium = medium.map(str::to_owned);
+    KvEvent::BlockRemoved(removed)
 }
 
 fn router(workers: &[WorkerId]) -> Router {
@@ -91,11 +89,8 @@ fn routing_credits_the_device_medium_only() {
         .apply(1, &stored_on(&[1, 2, 3], Some("CPU"), 16))
         .unwrap();
     router.apply(2, &stored_on(&[1], Some("GPU"), 16)).unwrap();
-    let request = RouteRequest {
-        keys: &keys(&[1, 2, 3]),
-        prompt_tokens: 48,
-        block_size: 16,
-    };
+    let request_keys = keys(&[1, 2, 3]);
+    let request = RouteRequest::new(&request_keys, 48, 16);
     let overlaps: Vec<(WorkerId, usize)> = (router.candidates(&request).iter())
         .map(|c| (c.worker, c.overlap_blocks))
         .collect();
@@ -344,21 +339,17 @@ fn errors_are_send_sync_static_and_lowercase() {
 fn lower_tier_hits_are_credited_below_device_hits() {
     use kvbm_router::{KvAware, RouteRequest};
     let stored = |medium: &str, hashes: &[u64]| {
-        KvEvent::BlockStored(BlockStored {
-            block_hashes: hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
-            parent_block_hash: None,
-            token_ids: (0..16 * hashes.len() as u32).collect(),
-            block_size: 16,
-            lora_id: None,
-            medium: Some(medium.to_owned()),
-            lora_name: None,
-        })
+        KvEvent::BlockStored(
+            BlockStored::new(
+                hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
+                None,
+                (0..16 * hashes.len() as u32).collect(),
+                16,
+            )
+            .with_medium(medium),
+        )
     };
-    let request = RouteRequest {
-        keys: &[1, 2, 3, 4],
-        prompt_tokens: 64,
-        block_size: 16,
-    };
+    let request = RouteRequest::new(&[1, 2, 3, 4], 64, 16);
     let build = |weighted: bool| {
         let mut router = Router::new();
         if weighted {

@@ -79,11 +79,7 @@ fn block_size() -> impl Strategy<Value = u32> {
 
 fn load() -> impl Strategy<Value = WorkerLoad> {
     let value = prop_oneof![0..100u64, Just(u64::MAX)];
-    (value.clone(), value.clone(), value).prop_map(|(a, q, r)| WorkerLoad {
-        active_blocks: a,
-        queued_prefill_tokens: q,
-        running_requests: r,
-    })
+    (value.clone(), value.clone(), value).prop_map(|(a, q, r)| WorkerLoad::new(a, q, r))
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -283,15 +279,10 @@ fn call(router: &Router, op: &Op) -> Result<(), RouterError> {
             block_size,
             lora_name,
         } => {
-            let event = KvEvent::BlockStored(BlockStored {
-                block_hashes: hashes.clone(),
-                parent_block_hash: None,
-                token_ids: Vec::new(),
-                block_size: *block_size,
-                lora_id: None,
-                medium: medium.clone(),
-                lora_name: lora_name.clone(),
-            });
+            let mut stored = BlockStored::new(hashes.clone(), None, Vec::new(), *block_size);
+            stored.medium = medium.clone();
+            stored.lora_name = lora_name.clone();
+            let event = KvEvent::BlockStored(stored);
             router.apply(*worker, &event)
         }
         Op::Removed {
@@ -299,10 +290,9 @@ fn call(router: &Router, op: &Op) -> Result<(), RouterError> {
             hashes,
             medium,
         } => {
-            let event = KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: hashes.clone(),
-                medium: medium.clone(),
-            });
+            let mut removed = BlockRemoved::new(hashes.clone());
+            removed.medium = medium.clone();
+            let event = KvEvent::BlockRemoved(removed);
             router.apply(*worker, &event)
         }
         Op::Cleared(w) => router.clear_worker(*w),
@@ -354,11 +344,7 @@ fn check(router: &Router, model: &Model, op: &Op) -> Result<(), TestCaseError> {
     prop_assert_eq!(router.index().is_empty(), distinct.is_empty());
     if let Op::Route(hashes, prompt_tokens) = op {
         let keys: Vec<u128> = hashes.iter().map(block_key).collect();
-        let request = RouteRequest {
-            keys: &keys,
-            prompt_tokens: *prompt_tokens,
-            block_size: 16,
-        };
+        let request = RouteRequest::new(&keys, *prompt_tokens, 16);
         let expected = model.candidates(&keys);
         prop_assert_eq!(router.candidates(&request), expected.clone());
         let decision = router.route(&request, &mut LeastLoaded);

@@ -4,6 +4,8 @@
 mod fields;
 mod fuzz;
 mod index;
+mod index_model;
+mod index_stress;
 mod message;
 mod policies;
 mod race;
@@ -13,23 +15,19 @@ use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
 
 /// A stored event for integer-hashed blocks `keys` (tokens are not read).
 pub(crate) fn stored(keys: &[u64]) -> KvEvent {
-    KvEvent::BlockStored(BlockStored {
-        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
-        parent_block_hash: None,
-        token_ids: Vec::new(),
-        block_size: 16,
-        lora_id: None,
-        medium: None,
-        lora_name: None,
-    })
+    KvEvent::BlockStored(BlockStored::new(
+        keys.iter().map(|&k| BlockHash::Int(k)).collect(),
+        None,
+        Vec::new(),
+        16,
+    ))
 }
 
 /// A removed event for integer-hashed blocks `keys`.
 pub(crate) fn removed(keys: &[u64]) -> KvEvent {
-    KvEvent::BlockRemoved(BlockRemoved {
-        block_hashes: keys.iter().map(|&k| BlockHash::Int(k)).collect(),
-        medium: None,
-    })
+    KvEvent::BlockRemoved(BlockRemoved::new(
+        keys.iter().map(|&k| BlockHash::Int(k)).collect(),
+    ))
 }
 
 /// Cases per fuzz test: `KVBM_FUZZ_CASES` (`cargo xtask fuzz --cases N`),

@@ -40,11 +40,7 @@ fn message() -> impl Strategy<Value = EventMessage> {
             }
             EventMessage::Batch(Arc::new(batch))
         }),
-        1 => Just(EventMessage::Resync(Arc::new(Resync {
-            sequence: 1,
-            missed_batches: 1,
-            registered: vec![SequenceHash::root(3)],
-        }))),
+        1 => Just(EventMessage::Resync(Arc::new(Resync::new(1, 1, vec![SequenceHash::root(3)])))),
     ]
 }
 

@@ -8,20 +8,12 @@ fn candidate(worker: u64, overlap_blocks: usize, active: u64, queued: u64) -> Ca
     Candidate::new(
         worker,
         overlap_blocks,
-        WorkerLoad {
-            active_blocks: active,
-            queued_prefill_tokens: queued,
-            running_requests: active / 4,
-        },
+        WorkerLoad::new(active, queued, active / 4),
     )
 }
 
 /// A 10-block (160-token) request.
-const REQUEST: RouteRequest<'static> = RouteRequest {
-    keys: &[],
-    prompt_tokens: 160,
-    block_size: 16,
-};
+const REQUEST: RouteRequest<'static> = RouteRequest::new(&[], 160, 16);
 
 fn picks(policy: &mut dyn Policy, candidates: &[Candidate], n: usize) -> Vec<usize> {
     (0..n)

@@ -215,10 +215,13 @@ fn churned_event(draws: &mut Draws) -> kvbm_events::KvEvent {
     let medium = [None, Some("GPU"), Some("CPU")][draws.below(3) as usize];
     match draws.below(8) {
         0 => kvbm_events::KvEvent::AllBlocksCleared,
-        1..=3 => kvbm_events::KvEvent::BlockRemoved(kvbm_events::BlockRemoved {
-            block_hashes: keys.into_iter().map(kvbm_events::BlockHash::Int).collect(),
-            medium: medium.map(str::to_owned),
-        }),
+        1..=3 => {
+            let mut removed = kvbm_events::BlockRemoved::new(
+                keys.into_iter().map(kvbm_events::BlockHash::Int).collect(),
+            );
+            removed.medium = medium.map(str::to_owned);
+            kvbm_events::KvEvent::BlockRemoved(removed)
+        }
         _ => {
             let mut event = stored(&keys);
             if let kvbm_events::KvEvent::BlockStored(stored) = &mut event {
@@ -267,10 +270,11 @@ fn concurrent_churn_events_and_routes_stay_consistent() {
                         keys.iter().for_each(|k| {
                             log[on].remove(k);
                         });
-                        kvbm_events::KvEvent::BlockRemoved(kvbm_events::BlockRemoved {
-                            block_hashes: keys.into_iter().map(kvbm_events::BlockHash::Int).collect(),
-                            medium: media[on].map(str::to_owned),
-                        })
+                        let mut removed = kvbm_events::BlockRemoved::new(
+                            keys.into_iter().map(kvbm_events::BlockHash::Int).collect(),
+                        );
+                        removed.medium = media[on].map(str::to_owned);
+                        kvbm_events::KvEvent::BlockRemoved(removed)
                     } else {
                         log[on].extend(&keys);
                         let mut event = stored(&keys);
@@ -360,11 +364,7 @@ fn concurrent_churn_events_and_routes_stay_consistent() {
             let mut policy = kvbm_router::KvAware::new(1);
             for phase in 0..PHASES {
                 for _ in 0..OPS_PER_PHASE / 10 {
-                    let request = kvbm_router::RouteRequest {
-                        keys: &keys,
-                        prompt_tokens: 256,
-                        block_size: 16,
-                    };
+                    let request = kvbm_router::RouteRequest::new(&keys, 256, 16);
                     let candidates = router.candidates(&request);
                     let listed: Vec<WorkerId> = candidates.iter().map(|c| c.worker).collect();
                     if !STABLE.iter().all(|w| listed.contains(w)) || !listed.is_sorted() {

@@ -65,11 +65,7 @@ fn overlaps_follow_two_pools_events_in_both_hash_forms() {
             .map(|&h| block_key(&format.hash(h)))
             .collect();
         assert_eq!(router.index().overlaps(&keys), [(1, 4), (2, 1)], "{form:?}");
-        let request = RouteRequest {
-            keys: &keys,
-            prompt_tokens: 10,
-            block_size: 2,
-        };
+        let request = RouteRequest::new(&keys, 10, 2);
         let decision = router.route(&request, &mut KvAware::new(0)).unwrap();
         assert_eq!((decision.worker, decision.overlap_blocks), (1, 4));
     }
@@ -107,11 +103,7 @@ fn unknown_workers_are_refused_and_change_nothing() {
     );
     assert_eq!(router.remove_worker(5), Err(RouterError::UnknownWorker(5)));
     assert!(router.index().is_empty());
-    let request = RouteRequest {
-        keys: &[1],
-        prompt_tokens: 1,
-        block_size: 16,
-    };
+    let request = RouteRequest::new(&[1], 1, 16);
     assert_eq!(router.route(&request, &mut KvAware::new(0)), None);
 }
 
@@ -121,17 +113,9 @@ fn loads_reach_the_policy() {
     for worker in [1, 2] {
         router.add_worker(worker).unwrap();
     }
-    let busy = WorkerLoad {
-        active_blocks: 100,
-        queued_prefill_tokens: 0,
-        running_requests: 9,
-    };
+    let busy = WorkerLoad::new(100, 0, 9);
     router.set_load(1, busy).unwrap();
-    let request = RouteRequest {
-        keys: &[],
-        prompt_tokens: 32,
-        block_size: 16,
-    };
+    let request = RouteRequest::new(&[], 32, 16);
     let candidates = router.candidates(&request);
     assert_eq!(candidates[0].load, busy);
     assert_eq!(
