@@ -98,6 +98,7 @@ pub(crate) fn logical_manager(
         Eviction::Lineage => builder
             .registry(BlockRegistry::new())
             .with_lineage_backend(),
+        other => bail!("kvbm-logical has no counterpart of eviction {other}"),
     };
     builder.build().context("building the kvbm-logical pool")
 }

@@ -249,6 +249,7 @@ impl ExactSizeIterator for Events<'_> {}
 /// Sent instead of the batches a lagging subscriber missed (and first to a
 /// new subscriber): the whole registered set, which replaces the mirror.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Resync {
     /// The state reflects every batch up to and including this one; the
     /// next [`EventBatch`] is `sequence + 1`.
@@ -258,6 +259,19 @@ pub struct Resync {
     /// Every registered hash, by position, so a parent precedes its
     /// children. (Tokens are not kept by the pool, so a snapshot has none.)
     pub registered: Vec<SequenceHash>,
+}
+
+impl Resync {
+    /// A snapshot of `registered` as of batch `sequence`, after
+    /// `missed_batches` lost ones: what a pool sends, for a consumer's
+    /// tests to build.
+    pub fn new(sequence: u64, missed_batches: u64, registered: Vec<SequenceHash>) -> Self {
+        Self {
+            sequence,
+            missed_batches,
+            registered,
+        }
+    }
 }
 
 /// What a subscription delivers. Shared, so one batch fans out to many

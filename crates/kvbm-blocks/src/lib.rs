@@ -84,3 +84,8 @@ pub use hash::SequenceHash;
 pub use id::BlockId;
 pub use manager::{Allocation, BlockManager};
 pub use metrics::{PoolAudit, PoolMetrics};
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

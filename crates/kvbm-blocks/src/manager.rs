@@ -29,6 +29,7 @@ pub struct BlockManager<M> {
 
 /// The blocks of an allocation and the cached hashes it evicted to make room.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Allocation<M> {
     /// The allocated blocks, empty as far as the pool knows.
     pub blocks: Vec<MutableBlock<M>>,

@@ -41,18 +41,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokens: Vec<u32> = (0..(blocks * block_size) as u32).collect();
     let sequence = BlockSequence::new(tokens.clone(), block_size)?;
     let hashes = sequence.sequence_hashes();
-    let stored = BlockStored {
-        block_hashes: hashes
+    let stored = BlockStored::new(
+        hashes
             .iter()
             .map(|h| BlockHash::from_value(h.value(), HashForm::Int64))
             .collect(),
-        parent_block_hash: None,
-        token_ids: tokens,
-        block_size: block_size as u32,
-        lora_id: None,
-        medium: Some("GPU".to_owned()),
-        lora_name: None,
-    };
+        None,
+        tokens,
+        block_size as u32,
+    )
+    .with_medium("GPU");
     // vLLM binds an endpoint with `*`; a plain host:port would connect.
     let bind = endpoint.replace("127.0.0.1", "*");
     let mut publisher = Publisher::new(&PublisherConfig::new(bind))?;
@@ -66,10 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         publisher.endpoint()
     );
     if remove > 0 {
-        let removal = KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: removed,
-            medium: Some("GPU".to_owned()),
-        });
+        let removal = KvEvent::BlockRemoved(BlockRemoved::new(removed).with_medium("GPU"));
         let seq = publisher.publish(&KvEventBatch::new(1.0, vec![removal]))?;
         println!("removed the last {remove} as batch {seq}");
     }

@@ -27,15 +27,10 @@
 //! use kvbm_events::{BlockHash, BlockStored, KvEvent, KvEventBatch, decode, encode};
 //!
 //! let batch = KvEventBatch::new(1.5, vec![
-//!     KvEvent::BlockStored(BlockStored {
-//!         block_hashes: vec![BlockHash::Int(11), BlockHash::Int(12)],
-//!         parent_block_hash: None,
-//!         token_ids: (1..=8).collect(),
-//!         block_size: 4,
-//!         lora_id: None,
-//!         medium: Some("GPU".to_owned()),
-//!         lora_name: None,
-//!     }),
+//!     KvEvent::BlockStored(
+//!         BlockStored::new(vec![BlockHash::Int(11), BlockHash::Int(12)], None, (1..=8).collect(), 4)
+//!             .with_medium("GPU"),
+//!     ),
 //!     KvEvent::AllBlocksCleared,
 //! ]);
 //! let bytes = encode(&batch)?;
@@ -61,3 +56,8 @@ pub use transport::{
     SubscriberStats,
 };
 pub use wire::{BlockRemoved, BlockStored, KvEvent, KvEventBatch};
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

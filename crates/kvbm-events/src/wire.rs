@@ -11,6 +11,7 @@ mod de;
 /// On the wire a 3-element array `[ts, events, data_parallel_rank]`
 /// (msgspec `array_like`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct KvEventBatch(pub f64, pub Vec<KvEvent>, pub Option<i64>);
 
 impl KvEventBatch {
@@ -64,6 +65,7 @@ pub enum KvEvent {
 
 /// vLLM's `BlockStored`: consecutive blocks of one sequence, now cached.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BlockStored {
     /// The blocks' hashes, in sequence order.
     pub block_hashes: Vec<BlockHash>,
@@ -86,9 +88,60 @@ pub struct BlockStored {
 
 /// vLLM's `BlockRemoved`: blocks that left the cache.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BlockRemoved {
     /// The blocks' hashes.
     pub block_hashes: Vec<BlockHash>,
     /// Where the blocks lived.
     pub medium: Option<String>,
+}
+
+impl BlockStored {
+    /// `block_hashes` (in sequence order, the first one a child of
+    /// `parent_block_hash`) holding `token_ids`, `block_size` per block; no
+    /// medium, no LoRA adapter.
+    pub fn new(
+        block_hashes: Vec<BlockHash>,
+        parent_block_hash: Option<BlockHash>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+    ) -> Self {
+        Self {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+        }
+    }
+
+    /// The same event, on `medium` (`"GPU"`, `"CPU"`, `"STORAGE"`).
+    pub fn with_medium(mut self, medium: impl Into<String>) -> Self {
+        self.medium = Some(medium.into());
+        self
+    }
+
+    /// The same event, for the LoRA adapter `lora_name`.
+    pub fn with_lora_name(mut self, lora_name: impl Into<String>) -> Self {
+        self.lora_name = Some(lora_name.into());
+        self
+    }
+}
+
+impl BlockRemoved {
+    /// `block_hashes` left the cache; no medium.
+    pub fn new(block_hashes: Vec<BlockHash>) -> Self {
+        Self {
+            block_hashes,
+            medium: None,
+        }
+    }
+
+    /// The same event, on `medium`.
+    pub fn with_medium(mut self, medium: impl Into<String>) -> Self {
+        self.medium = Some(medium.into());
+        self
+    }
 }

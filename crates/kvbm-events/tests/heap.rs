@@ -58,15 +58,15 @@ fn decode_allocates_a_small_multiple_of_its_input() {
     let tokens = 1_050_000;
     let stored = KvEventBatch::new(
         1.0,
-        vec![KvEvent::BlockStored(BlockStored {
-            block_hashes: (0..1050).map(|i| BlockHash::Int(u64::MAX - i)).collect(),
-            parent_block_hash: Some(BlockHash::Int(7)),
-            token_ids: (0..tokens).map(|t| t % 128).collect(),
-            block_size: 1000,
-            lora_id: None,
-            medium: Some("GPU".to_owned()),
-            lora_name: None,
-        })],
+        vec![KvEvent::BlockStored(
+            BlockStored::new(
+                (0..1050).map(|i| BlockHash::Int(u64::MAX - i)).collect(),
+                Some(BlockHash::Int(7)),
+                (0..tokens).map(|t| t % 128).collect(),
+                1000,
+            )
+            .with_medium("GPU"),
+        )],
     );
     let bytes = encode(&stored).unwrap();
     let (decoded, peak) = peak_heap_of_decode(&bytes);

@@ -10,6 +10,7 @@ use std::time::Duration;
 /// requests; reserving a cap admits more and relies on the scheduler to grow
 /// (or preempt) requests that generate past it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GenerationReserve {
     /// Reserve `max_new_tokens` in full.
     Full,
@@ -36,6 +37,7 @@ impl GenerationReserve {
 /// What `select_batch` does when the next request in priority order does not
 /// fit the remaining budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Selection {
     /// Stop at the first request that does not fit (vLLM's policy). Nothing
     /// ever overtakes a waiting request, at the price of idle blocks while a
@@ -66,6 +68,7 @@ pub enum Selection {
 /// units; a preemption boost ([`RequestQueue::restore_boosted`](crate::RequestQueue::restore_boosted))
 /// takes priority steps off the rank, at most [`MAX_BOOST_STEPS`] in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Aging {
     /// Strict priority: a request is served only when nothing more urgent is
     /// queued. Under a steady stream of urgent work, `Low` waits forever.

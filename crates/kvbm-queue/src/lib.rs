@@ -179,3 +179,8 @@ pub use scheduler::{
     metric_names,
 };
 pub use stats::QueueStats;
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -129,6 +129,7 @@ pub enum SequenceEvent {
 /// How much history a sequence keeps. Counting what it does not keep costs
 /// nothing, so [`EventLog::dropped`] is always exact.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HistoryPolicy {
     /// Every event, as the append-only log of the seed (memory grows by one
     /// event per step).

@@ -317,3 +317,8 @@ pub use error::{ApplyError, ScheduleError};
 pub use history::{EventLog, HistoryPolicy, SequenceEvent};
 pub use sequence::SchedulableSequence;
 pub use state::{DecodeOutcome, SequenceState};
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -10,6 +10,7 @@
 /// back. The scheduled states remember what the step pre-allocated, so a
 /// revert gives exactly those blocks back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SequenceState {
     /// No step is pending: the sequence may be scheduled, matched, released
     /// or reacquired.

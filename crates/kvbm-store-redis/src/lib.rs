@@ -80,3 +80,8 @@ mod value;
 
 pub use config::{Namespace, RedisConfig};
 pub use store::RedisClusterStore;
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

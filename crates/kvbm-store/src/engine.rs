@@ -104,6 +104,7 @@ pub(crate) enum Endpoint {
 /// Why a transfer failed: the first block that could not be moved, or a
 /// plan the engine cannot run.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Failure {
     /// The block's index in the transfer ([`Transfer::pairs`] order), if the
     /// failure is about one block.
@@ -144,6 +145,7 @@ impl fmt::Display for Failure {
 /// What became of one transfer. Every transfer the engine accepted is
 /// reported exactly once.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Report {
     /// The transfer.
     pub id: TransferId,

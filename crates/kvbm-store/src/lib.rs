@@ -61,3 +61,8 @@ pub use disk::{DiskConfig, DiskStore, Recovery};
 pub use engine::{DataPlaneStats, EngineConfig, Failure, Report, TierStore, TransferEngine};
 pub use error::StoreError;
 pub use store::BlockStore;
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

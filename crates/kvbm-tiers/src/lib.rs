@@ -80,3 +80,8 @@ pub use settle::{Outcome, Settled};
 pub use stats::{TierStats, TransferCounts};
 pub use tiers::{Lower, Tiers};
 pub use transfer::{CopyRun, TierId, Transfer, TransferId, TransferKind};
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

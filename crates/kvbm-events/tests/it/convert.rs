@@ -88,11 +88,7 @@ proptest! {
         ts in any::<f64>(),
     ) {
         let message = match resync {
-            true => EventMessage::Resync(Arc::new(Resync {
-                sequence: 3,
-                missed_batches: 1,
-                registered: chain(2, 5),
-            })),
+            true => EventMessage::Resync(Arc::new(Resync::new(3, 1, chain(2, 5)))),
             false => EventMessage::Batch(Arc::new(batch_of(&events))),
         };
         let batch = format.batch(&message, ts);
@@ -153,11 +149,7 @@ fn a_pools_stores_and_evictions_become_vllms_events() {
 /// `with_rank(None)` still writes nil.
 #[test]
 fn batches_carry_data_parallel_rank_0_unless_told_otherwise() {
-    let message = EventMessage::Resync(Arc::new(Resync {
-        sequence: 0,
-        missed_batches: 0,
-        registered: Vec::new(),
-    }));
+    let message = EventMessage::Resync(Arc::new(Resync::new(0, 0, Vec::new())));
     for (format, rank, last_byte) in [
         (WireFormat::new(4), Some(0), 0x00),
         (WireFormat::new(4).with_rank(Some(7)), Some(7), 0x07),

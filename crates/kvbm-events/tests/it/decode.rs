@@ -8,15 +8,16 @@ use crate::msgpack::{Value, batch, fields, map, str, uints};
 
 /// A `BlockStored` with every field set.
 fn stored() -> KvEvent {
-    KvEvent::BlockStored(BlockStored {
-        block_hashes: vec![BlockHash::Int(11), BlockHash::Bytes(vec![1, 2].into())],
-        parent_block_hash: Some(BlockHash::Int(10)),
-        token_ids: (1..=8).collect(),
-        block_size: 4,
-        lora_id: Some(-1),
-        medium: Some("GPU".to_owned()),
-        lora_name: Some("adapter-a".to_owned()),
-    })
+    let mut stored = BlockStored::new(
+        vec![BlockHash::Int(11), BlockHash::Bytes(vec![1, 2].into())],
+        Some(BlockHash::Int(10)),
+        (1..=8).collect(),
+        4,
+    )
+    .with_medium("GPU")
+    .with_lora_name("adapter-a");
+    stored.lora_id = Some(-1);
+    KvEvent::BlockStored(stored)
 }
 
 /// The events decoded from a batch of `events`, or the error's message.
@@ -65,19 +66,13 @@ fn optional_fields_left_out_read_as_none() {
     assert_eq!(
         decoded(vec![bare, removed]),
         Ok(vec![
-            KvEvent::BlockStored(BlockStored {
-                block_hashes: vec![BlockHash::Int(5)],
-                parent_block_hash: None,
-                token_ids: vec![1, 2],
-                block_size: 2,
-                lora_id: None,
-                medium: None,
-                lora_name: None,
-            }),
-            KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: vec![BlockHash::Int(5)],
-                medium: None,
-            }),
+            KvEvent::BlockStored(BlockStored::new(
+                vec![BlockHash::Int(5)],
+                None,
+                vec![1, 2],
+                2
+            )),
+            KvEvent::BlockRemoved(BlockRemoved::new(vec![BlockHash::Int(5)])),
         ])
     );
 }
@@ -270,16 +265,13 @@ fn hashes_are_read_from_bin_str_or_byte_arrays() {
     let bytes = |b: &[u8]| BlockHash::Bytes(b.to_vec().into());
     assert_eq!(
         decoded(vec![removed]),
-        Ok(vec![KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![
-                bytes(&[1, 2]),
-                bytes(b"ab"),
-                bytes(&[1, 2]),
-                BlockHash::Int(u64::MAX),
-                BlockHash::Int(3),
-            ],
-            medium: None,
-        })])
+        Ok(vec![KvEvent::BlockRemoved(BlockRemoved::new(vec![
+            bytes(&[1, 2]),
+            bytes(b"ab"),
+            bytes(&[1, 2]),
+            BlockHash::Int(u64::MAX),
+            BlockHash::Int(3),
+        ]))])
     );
 }
 

@@ -38,23 +38,19 @@ fn event() -> impl Strategy<Value = KvEvent> {
                 medium,
                 lora_name,
             )| {
-                KvEvent::BlockStored(BlockStored {
-                    block_hashes,
-                    parent_block_hash,
-                    token_ids,
-                    block_size,
-                    lora_id,
-                    medium,
-                    lora_name,
-                })
+                let mut stored =
+                    BlockStored::new(block_hashes, parent_block_hash, token_ids, block_size);
+                stored.lora_id = lora_id;
+                stored.medium = medium;
+                stored.lora_name = lora_name;
+                KvEvent::BlockStored(stored)
             },
         );
     let removed =
         (prop::collection::vec(hash(), 0..6), text()).prop_map(|(block_hashes, medium)| {
-            KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes,
-                medium,
-            })
+            let mut removed = BlockRemoved::new(block_hashes);
+            removed.medium = medium;
+            KvEvent::BlockRemoved(removed)
         });
     prop_oneof![stored, removed, Just(KvEvent::AllBlocksCleared)]
 }

@@ -23,19 +23,16 @@ fn expected() -> KvEventBatch {
     KvEventBatch::new(
         1.5,
         vec![
-            KvEvent::BlockStored(BlockStored {
-                block_hashes: vec![BlockHash::Int(11), BlockHash::Int(12)],
-                parent_block_hash: None,
-                token_ids: (1..=8).collect(),
-                block_size: 4,
-                lora_id: None,
-                medium: Some("GPU".to_owned()),
-                lora_name: None,
-            }),
-            KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: vec![BlockHash::Int(11)],
-                medium: Some("GPU".to_owned()),
-            }),
+            KvEvent::BlockStored(
+                BlockStored::new(
+                    vec![BlockHash::Int(11), BlockHash::Int(12)],
+                    None,
+                    (1..=8).collect(),
+                    4,
+                )
+                .with_medium("GPU"),
+            ),
+            KvEvent::BlockRemoved(BlockRemoved::new(vec![BlockHash::Int(11)]).with_medium("GPU")),
             KvEvent::AllBlocksCleared,
         ],
     )
@@ -69,13 +66,10 @@ fn a_rank_and_byte_hashes_round_trip() {
     let value = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210_u128;
     let batch = KvEventBatch::new(
         2.0,
-        vec![KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![
-                BlockHash::from_value(value, HashForm::Bytes),
-                BlockHash::from_value(value, HashForm::Int64),
-            ],
-            medium: None,
-        })],
+        vec![KvEvent::BlockRemoved(BlockRemoved::new(vec![
+            BlockHash::from_value(value, HashForm::Bytes),
+            BlockHash::from_value(value, HashForm::Int64),
+        ]))],
     )
     .with_rank(3);
     let bytes = kvbm_events::encode(&batch).unwrap();
@@ -117,10 +111,9 @@ fn optional_fields_vllm_may_add_are_ignored() {
     let batch = kvbm_events::decode(&bytes).unwrap();
     assert_eq!(
         batch.events(),
-        [KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![BlockHash::Int(7)],
-            medium: Some("CPU".to_owned()),
-        })]
+        [KvEvent::BlockRemoved(
+            BlockRemoved::new(vec![BlockHash::Int(7)]).with_medium("CPU")
+        )]
     );
 }
 
@@ -154,15 +147,7 @@ mod vllm_fixtures {
         tokens: Vec<u32>,
         block_size: u32,
     ) -> BlockStored {
-        BlockStored {
-            block_hashes: hashes,
-            parent_block_hash: parent,
-            token_ids: tokens,
-            block_size,
-            lora_id: None,
-            medium: Some("GPU".to_owned()),
-            lora_name: None,
-        }
+        BlockStored::new(hashes, parent, tokens, block_size).with_medium("GPU")
     }
 
     /// What each payload holds, built with kvbm-events.
@@ -179,25 +164,21 @@ mod vllm_fixtures {
             ),
             "stored_bytes_lora_rank" => KvEventBatch::new(
                 0.5,
-                vec![KvEvent::BlockStored(BlockStored {
-                    medium: Some("CPU".to_owned()),
-                    lora_name: Some("adapter-a".to_owned()),
-                    ..stored(vec![digest(1), digest(2), digest(3)], None, vec![7; 12], 4)
-                })],
+                vec![KvEvent::BlockStored(
+                    stored(vec![digest(1), digest(2), digest(3)], None, vec![7; 12], 4)
+                        .with_medium("CPU")
+                        .with_lora_name("adapter-a"),
+                )],
             )
             .with_rank(3),
             "removed_and_cleared" => KvEventBatch::new(
                 2.0,
                 vec![
-                    KvEvent::BlockRemoved(BlockRemoved {
-                        block_hashes: [5, 6, u64::MAX - 1].map(BlockHash::Int).to_vec(),
-                        medium: None,
-                    }),
+                    KvEvent::BlockRemoved(BlockRemoved::new(
+                        [5, 6, u64::MAX - 1].map(BlockHash::Int).to_vec(),
+                    )),
                     KvEvent::AllBlocksCleared,
-                    KvEvent::BlockRemoved(BlockRemoved {
-                        block_hashes: vec![digest(9)],
-                        medium: Some("GPU".to_owned()),
-                    }),
+                    KvEvent::BlockRemoved(BlockRemoved::new(vec![digest(9)]).with_medium("GPU")),
                 ],
             )
             .with_rank(0),
@@ -205,19 +186,18 @@ mod vllm_fixtures {
             "stored_with_newer_fields" => KvEventBatch::new(
                 3.0,
                 vec![
-                    KvEvent::BlockStored(BlockStored {
-                        lora_name: Some("adapter-b".to_owned()),
-                        ..stored(
+                    KvEvent::BlockStored(
+                        stored(
                             vec![BlockHash::Int(10), BlockHash::Int(11)],
                             Some(BlockHash::Int(9)),
                             (1..=8).collect(),
                             4,
                         )
-                    }),
-                    KvEvent::BlockRemoved(BlockRemoved {
-                        block_hashes: vec![BlockHash::Int(10)],
-                        medium: Some("GPU".to_owned()),
-                    }),
+                        .with_lora_name("adapter-b"),
+                    ),
+                    KvEvent::BlockRemoved(
+                        BlockRemoved::new(vec![BlockHash::Int(10)]).with_medium("GPU"),
+                    ),
                 ],
             ),
             "empty" => KvEventBatch::new(4.0, vec![]),

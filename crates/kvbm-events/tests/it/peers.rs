@@ -36,10 +36,9 @@ pub(crate) fn bounded<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'stat
 pub(crate) fn batch(seq: u64) -> KvEventBatch {
     KvEventBatch::new(
         seq as f64,
-        vec![KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![BlockHash::Int(seq)],
-            medium: Some("GPU".to_owned()),
-        })],
+        vec![KvEvent::BlockRemoved(
+            BlockRemoved::new(vec![BlockHash::Int(seq)]).with_medium("GPU"),
+        )],
     )
 }
 

@@ -18,6 +18,7 @@ use super::{FinishReason, RequestId};
 /// [`Scheduler::block_table`](crate::Scheduler::block_table) gives the full
 /// table at any time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StepPlan {
     /// The step's number, from 0.
     pub step: u64,
@@ -69,6 +70,7 @@ impl StepPlan {
 
 /// A prefill chunk: compute KV for tokens `start .. start + num_tokens`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PrefillWork {
     /// The request.
     pub id: RequestId,
@@ -95,6 +97,7 @@ pub struct PrefillWork {
 /// [`apply`](crate::Scheduler::apply) and listed in
 /// [`StepReport::rolled_back`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DecodeWork {
     /// The request.
     pub id: RequestId,
@@ -119,6 +122,7 @@ impl DecodeWork {
 
 /// What the engine sampled for one planned request.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EngineOutput {
     /// The request.
     pub id: RequestId,
@@ -193,6 +197,7 @@ impl EngineOutput {
 
 /// What applying a step changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StepReport {
     /// The step applied.
     pub step: u64,
@@ -215,6 +220,7 @@ pub struct StepReport {
 /// Blocks a request gave back because they held only rejected draft tokens
 /// (last block of its table first).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RolledBack {
     /// The request.
     pub id: RequestId,
@@ -224,6 +230,7 @@ pub struct RolledBack {
 
 /// A request that left the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Finished {
     /// The request.
     pub id: RequestId,

@@ -128,6 +128,7 @@ impl Reference {
         let reserve = match self.config.reserve() {
             GenerationReserve::Full => req.max_new,
             GenerationReserve::Capped(cap) => req.max_new.min(cap),
+            other => unimplemented!("the model has no {other:?}"),
         };
         let tokens = u64::from(req.prompt) + u64::from(reserve);
         let per_block = u64::from(self.config.block_tokens());
@@ -142,6 +143,7 @@ impl Reference {
             // Never configured here: its ranks come from the real clock. The
             // `Pending` model test covers them, and `liveness` its bound.
             Aging::Timed { .. } => unreachable!("the model does not use timed aging"),
+            other => unimplemented!("the model has no {other:?}"),
         };
         (rank, steps, q.seq)
     }
@@ -202,6 +204,7 @@ impl Reference {
                 max_scan,
                 max_bypass,
             } => (max_scan, max_bypass),
+            other => unimplemented!("the model has no {other:?}"),
         };
         let mut taken = Vec::new();
         let mut skipped_ids = Vec::new();

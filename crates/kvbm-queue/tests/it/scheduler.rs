@@ -550,11 +550,9 @@ fn a_reused_plan_is_the_plan_step_returns() {
     // every step plans the same, preemptions included.
     let mut fresh = two_requests_in_a_small_pool();
     let mut reused = two_requests_in_a_small_pool();
-    let mut plan = StepPlan {
-        step: 99,
-        preempted: vec![RequestId(7)],
-        ..StepPlan::default()
-    };
+    let mut plan = StepPlan::default();
+    plan.step = 99;
+    plan.preempted = vec![RequestId(7)];
     let mut preempted = 0;
     while !fresh.is_idle() {
         let expected = fresh.step().unwrap();

@@ -435,6 +435,7 @@ impl Model {
                     let take = accept.min(num_tokens).min(drafts.len());
                     Op::ApplySpeculative(req, drafts[..take].to_vec())
                 }
+                state => unimplemented!("the model has no {state:?}"),
             },
             other => other,
         }
