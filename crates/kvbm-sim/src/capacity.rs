@@ -8,6 +8,7 @@ use crate::{SimError, Workload};
 
 /// The size of the simulated KV cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Capacity {
     /// This many blocks, whatever the block size.
     Blocks(u64),

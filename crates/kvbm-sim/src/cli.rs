@@ -19,7 +19,7 @@ use kvbm_sim::{
 /// conversation trace (500 requests) through an unbounded prefix cache and
 /// prints a summary.
 #[derive(Debug, Parser)]
-#[command(name = "kvbm-sim", version)]
+#[command(name = "kvbm-sim", version, after_help = features_help())]
 pub(crate) struct Cli {
     /// Never draw progress bars (they are also hidden when stderr is not a terminal).
     #[arg(long, short, global = true)]
@@ -338,13 +338,15 @@ impl TierArgs {
 #[derive(Debug, Args)]
 pub(crate) struct MetricsArgs {
     /// Serve the metrics in Prometheus text format at http://ADDR/metrics
-    /// while replaying (e.g. 127.0.0.1:9090).
+    /// while replaying (e.g. 127.0.0.1:9090). Needs the `prometheus`
+    /// feature.
     #[arg(long, value_name = "ADDR")]
     pub(crate) prometheus: Option<std::net::SocketAddr>,
     /// With --prometheus, keep serving this many seconds after the replay.
     #[arg(long, value_name = "S", default_value_t = 0, requires = "prometheus")]
     pub(crate) prometheus_hold_s: u64,
-    /// Write the final Prometheus exposition to FILE.
+    /// Write the final Prometheus exposition to FILE. Needs the
+    /// `prometheus` feature.
     #[arg(long, value_name = "FILE")]
     pub(crate) metrics_out: Option<PathBuf>,
 }
@@ -360,7 +362,7 @@ pub(crate) struct ServeArgs {
     /// Publish the engine's KV events on vLLM's ZeroMQ wire (msgpack
     /// KVEventBatch, hashes as 64-bit ints) at ENDPOINT. As in vLLM, an
     /// endpoint with `*` is bound (tcp://*:5557, for routers to connect),
-    /// any other is connected to.
+    /// any other is connected to. Needs the `kv-events` feature.
     #[arg(long, value_name = "ENDPOINT")]
     pub(crate) kv_events: Option<String>,
     /// With --kv-events, also answer replay requests at ENDPOINT (a ROUTER
@@ -387,7 +389,8 @@ pub(crate) struct ServeArgs {
     pub(crate) kv_events_subscribers: usize,
     /// Move real bytes behind the lower tiers: `host` (host-memory arenas),
     /// `disk:DIR` (the lowest tier in a disk store in DIR), or
-    /// `redis:URL[,URL...]` (the lowest tier in a Redis Cluster). Each
+    /// `redis:URL[,URL...]` (the lowest tier in a Redis Cluster; needs the
+    /// `redis` feature). Each
     /// block is --kv-bytes-per-token x block size bytes of a fake engine's
     /// KV, checked byte for byte when it comes back; keep them small (the
     /// device's memory is allocated too). The JSON report gains
@@ -406,6 +409,13 @@ pub(crate) struct ClusterArgs {
     /// Engines behind the router.
     #[arg(long, value_name = "N", default_value_t = ClusterConfig::default().engines)]
     pub(crate) engines: usize,
+    /// Replay N copies of the trace at once, each with block ids of its
+    /// own (no copy shares a cached prefix with another) and the trace's
+    /// arrival times: N times the load, for N times the engines (1,024
+    /// engines with --replicate 64 carry the load per engine of 16 with
+    /// the trace itself). Applied after --limit.
+    #[arg(long, value_name = "N", default_value_t = ClusterConfig::default().replicate)]
+    pub(crate) replicate: usize,
     /// Routing policies to compare, comma-separated; one replay each.
     #[arg(
         long,
@@ -463,6 +473,7 @@ pub(crate) struct ClusterArgs {
 impl ClusterArgs {
     pub(crate) fn config(&self) -> Result<ClusterConfig, SimError> {
         let mut config = ClusterConfig::new(self.engines, self.engine.config()?)
+            .with_replicate(self.replicate)
             .with_policies(self.policies.clone())
             .with_overlap_weight(self.overlap_weight)
             .with_temperature(self.temperature)
@@ -549,6 +560,35 @@ pub(crate) fn check_subscribers(count: usize) -> Result<usize, SimError> {
         });
     }
     Ok(count)
+}
+
+/// The optional Cargo features, each with the flags it adds and whether
+/// this build has it: the end of `--help`.
+pub(crate) fn features_help() -> String {
+    let features = [
+        (
+            "kv-events",
+            "serve --kv-events",
+            cfg!(feature = "kv-events"),
+        ),
+        (
+            "redis",
+            "serve --data-plane redis:URL",
+            cfg!(feature = "redis"),
+        ),
+        (
+            "prometheus",
+            "--prometheus, --metrics-out",
+            cfg!(feature = "prometheus"),
+        ),
+    ];
+    let mut help =
+        "Cargo features (build with --features NAME, or --features full for all):".to_owned();
+    for (name, flags, on) in features {
+        let state = if on { "on" } else { "off" };
+        help.push_str(&format!("\n  {name:<11} {state:<4} {flags}"));
+    }
+    help
 }
 
 /// `full`, or a cap in tokens.

@@ -363,7 +363,8 @@ fn redis_store(
     _block_bytes: usize,
     _blocks: usize,
 ) -> Result<Arc<dyn BlockStore>, SimError> {
-    Err(SimError::DataPlane {
-        reason: "this kvbm-sim was built without the `redis` feature".into(),
+    Err(SimError::FeatureDisabled {
+        flag: "--data-plane redis:URL",
+        feature: "redis",
     })
 }

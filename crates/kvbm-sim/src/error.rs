@@ -204,6 +204,26 @@ pub enum SimError {
     /// A cluster of no engines.
     #[error("a cluster needs at least one engine")]
     ZeroEngines,
+    /// `--replicate N` ([`Trace::replicate`](crate::Trace::replicate)):
+    /// no copies, or more than can be told apart or counted.
+    #[error("--replicate {copies}: {reason}")]
+    InvalidReplicate {
+        /// The copies asked for.
+        copies: usize,
+        /// Why they cannot be made.
+        reason: String,
+    },
+    /// A flag whose capability this `kvbm-sim` was built without.
+    #[error(
+        "{flag} needs kvbm-sim built with the `{feature}` feature \
+         (cargo run --release -p kvbm-sim --features {feature}, or --features full for all of them)"
+    )]
+    FeatureDisabled {
+        /// The flag given.
+        flag: &'static str,
+        /// The Cargo feature that provides it.
+        feature: &'static str,
+    },
     /// More blocks over all engines than one pool may hold (a cluster that
     /// fits that but not the machine is [`SimError::ClusterMemory`]).
     #[error(
@@ -327,4 +347,8 @@ pub enum SimError {
     /// bug in the simulator or in kvbm-blocks.
     #[error("block manager error: {0}")]
     Blocks(#[from] BlockError),
+    /// The sequence layer refused a prompt the replay hashes (a block size
+    /// of 0, which validation refuses first); a bug in the simulator.
+    #[error("sequence error: {0}")]
+    Sequence(#[from] kvbm_sequence::SequenceError),
 }

@@ -13,6 +13,7 @@ use crate::SimError;
 /// Each maps to a [`kvbm_blocks::EvictionPolicy`]; see there for the exact
 /// orders.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Eviction {
     /// Least recently released first.
     #[default]

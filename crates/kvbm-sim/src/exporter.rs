@@ -4,21 +4,58 @@
 //! `metrics-exporter-prometheus` as the process's recorder, optionally
 //! serving `/metrics` over HTTP (on a one-thread Tokio runtime of its own,
 //! as the exporter's `install` does) while the replay runs.
+//!
+//! Only with the `prometheus` feature: without it, [`Exporter::install`]
+//! refuses both flags, naming the feature.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+#[cfg(feature = "prometheus")]
 use kvbm_queue::{describe_metrics, metric_names};
 use kvbm_sim::SimError;
+#[cfg(feature = "prometheus")]
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+/// Without the `prometheus` feature there is no recorder to install.
+#[cfg(not(feature = "prometheus"))]
+pub(crate) enum Exporter {}
+
+#[cfg(not(feature = "prometheus"))]
+impl Exporter {
+    /// Refuses: `--prometheus` (when `listen` is given) or `--metrics-out`
+    /// needs the `prometheus` feature.
+    pub(crate) fn install(listen: Option<SocketAddr>) -> Result<Self, SimError> {
+        Err(SimError::FeatureDisabled {
+            flag: if listen.is_some() {
+                "--prometheus"
+            } else {
+                "--metrics-out"
+            },
+            feature: "prometheus",
+        })
+    }
+
+    /// Never called: there is no exporter.
+    pub(crate) fn write(&self, _path: &Path) -> Result<(), SimError> {
+        match *self {}
+    }
+
+    /// Never called: there is no exporter.
+    pub(crate) fn hold(&self, _hold: Duration) {
+        match *self {}
+    }
+}
+
 /// The installed recorder.
+#[cfg(feature = "prometheus")]
 pub(crate) struct Exporter {
     handle: PrometheusHandle,
     serving: Option<SocketAddr>,
 }
 
+#[cfg(feature = "prometheus")]
 impl Exporter {
     /// Installs the Prometheus recorder, serving `/metrics` on `listen` if
     /// given. TTFT is a histogram with vLLM's buckets.

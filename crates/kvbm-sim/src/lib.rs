@@ -166,3 +166,8 @@ pub use trace::{
 #[cfg(feature = "kv-events")]
 pub use wire::ZmqEventSink;
 pub use workload::{SUB_BLOCK_SEED, Workload, WorkloadRequest, sub_block_value};
+
+/// The README's examples, run as doctests (the item exists only then).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -11,10 +11,15 @@
 //!          [--watermark-blocks N] [--reserve N|full] [--step-ms F]
 //!          [--prefill-token-ms F] [--decode-request-ms F] [--limit N]
 //!          [--audit-every N] [--json]
-//! kvbm-sim cluster --trace FILE --engines 16
+//! kvbm-sim cluster --trace FILE --engines 16 [--replicate N]
 //!          --policies random,round-robin,least-loaded,kv-aware [engine flags as serve]
 //!          [--memory-limit-gb GB] [--json] [--out DIR]
 //! ```
+//!
+//! Cargo features add flags (without them the flags fail, naming the
+//! feature): `kv-events` (`serve --kv-events`, builds libzmq), `redis`
+//! (`serve --data-plane redis:URL`), `prometheus` (`--prometheus`,
+//! `--metrics-out`); `full` is all three.
 //!
 //! Reports go to stdout (that is this program's job; it writes through a
 //! locked handle rather than `println!`, so a closed pipe ends it quietly
@@ -158,15 +163,8 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     let started = Instant::now();
     let workload = Workload::new(&loaded.trace, args.trace.block_size)?;
     let split_time = started.elapsed();
-    let config = SweepConfig {
-        capacities: args
-            .capacities
-            .iter()
-            .copied()
-            .map(Capacity::Blocks)
-            .collect(),
-        evictions: args.evictions.clone(),
-    };
+    let capacities = args.capacities.iter().copied().map(Capacity::Blocks);
+    let config = SweepConfig::new(capacities.collect(), args.evictions.clone());
     let sweep = kvbm_sim::sweep(&workload, &config, progress)?;
     let files = sweep.write_to(&args.out)?;
     if args.json {
@@ -204,6 +202,7 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
 }
 
 fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
+    check_features(args)?;
     let exporter = install_exporter(&args.metrics)?;
     let config = args.engine.config()?.with_metrics(exporter.is_some());
     let loaded = load_replay(&args.trace, progress)?;
@@ -353,6 +352,29 @@ fn finish_exporter(
     Ok(())
 }
 
+/// Refuses, before anything is loaded, a serve flag whose Cargo feature
+/// this build lacks (`--prometheus` and `--metrics-out` are refused by
+/// [`install_exporter`], first thing too).
+fn check_features(args: &ServeArgs) -> Result<(), SimError> {
+    #[cfg(not(feature = "kv-events"))]
+    if args.kv_events.is_some() {
+        cli::check_subscribers(args.kv_events_subscribers)?;
+        return Err(SimError::FeatureDisabled {
+            flag: "--kv-events",
+            feature: "kv-events",
+        });
+    }
+    #[cfg(not(feature = "redis"))]
+    if let Some(kvbm_sim::DataPlaneSpec::Redis(_)) = args.data_plane {
+        return Err(SimError::FeatureDisabled {
+            flag: "--data-plane redis:URL",
+            feature: "redis",
+        });
+    }
+    let _ = args;
+    Ok(())
+}
+
 /// The `--kv-events` publisher, if asked for.
 #[cfg(feature = "kv-events")]
 fn event_sink(
@@ -402,8 +424,9 @@ fn close_sink(_: NoSink) {}
 fn event_sink(args: &ServeArgs, _block_size: usize) -> Result<Option<NoSink>, Failure> {
     cli::check_subscribers(args.kv_events_subscribers)?;
     match args.kv_events {
-        Some(_) => Err(SimError::Events {
-            reason: "--kv-events needs kvbm-sim built with the kv-events feature".to_owned(),
+        Some(_) => Err(SimError::FeatureDisabled {
+            flag: "--kv-events",
+            feature: "kv-events",
         }
         .into()),
         None => Ok(None),

@@ -17,6 +17,7 @@ use crate::{Capacity, Eviction, Progress, SimError, Workload};
 /// What a sweep runs: every capacity under every eviction policy, plus one
 /// unbounded run as the ceiling.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepConfig {
     /// Cache sizes to try (order and duplicates do not matter).
     pub capacities: Vec<Capacity>,
@@ -25,6 +26,14 @@ pub struct SweepConfig {
 }
 
 impl SweepConfig {
+    /// Every capacity in `capacities` under every policy in `evictions`.
+    pub fn new(capacities: Vec<Capacity>, evictions: Vec<Eviction>) -> Self {
+        Self {
+            capacities,
+            evictions,
+        }
+    }
+
     /// The capacities the sweep runs when none are given: 1k to 50k blocks,
     /// around the 6k blocks (3M tokens at block size 512) of the paper's
     /// smallest cache.

@@ -30,6 +30,7 @@ use crate::{Progress, SimError, Trace};
 
 /// One host-tier size of a [`TierSweep`].
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum HostTierSize {
     /// This many times the GPU pool (`4.0`: four times its tokens), rounded
     /// down to whole blocks.

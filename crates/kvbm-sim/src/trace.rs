@@ -29,6 +29,11 @@ pub const TRACE_BLOCK_TOKENS: usize = 512;
 /// 1.8 × 10^12 today) are well within it.
 pub const MAX_TIMESTAMP_MS: u64 = (u64::MAX / 2) / NANOS_PER_MS;
 
+/// Hash ids below this give different tokens at every position
+/// ([`trace_token`](crate::trace_token) is a bijection there), so
+/// [`Trace::replicate`]'s copies keep below it.
+const DISTINCT_IDS: u64 = 1 << 32;
+
 /// Nanoseconds (the simulated clock's unit) per trace millisecond.
 const NANOS_PER_MS: u64 = 1_000_000;
 
@@ -224,6 +229,90 @@ impl Trace {
     /// there are fewer).
     pub fn truncate(&mut self, len: std::num::NonZeroUsize) {
         self.requests.truncate(len.get());
+    }
+
+    /// `copies` copies of this trace in one, for a cluster `copies` times
+    /// larger carrying the same load per engine (`kvbm-sim cluster
+    /// --replicate N`).
+    ///
+    /// Copy `k` (`0..copies`) of request `i` is request `i × copies + k`,
+    /// so the copies of a request arrive together, at its timestamp, and
+    /// in the original's order among the others. Copy `k` offsets every
+    /// hash id by `k × (the trace's largest id + 1)`: copy 0 is the trace
+    /// itself, and no two copies share an id. The offset ids must stay
+    /// below 2^32, where [`trace_token`](crate::trace_token) gives two ids
+    /// different tokens at every position: so no block of one copy's
+    /// prompts equals one of another's, and neither the engines' caches
+    /// nor the router can match a prefix across copies.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::InvalidReplicate`] for no copies, for copies whose ids
+    /// would reach 2^32, or whose request count overflows;
+    /// [`SimError::OutOfMemory`] if the copies cannot be allocated.
+    pub fn replicate(&self, copies: usize) -> Result<Self, SimError> {
+        let (stride, len) = self.check_replicate(copies)?;
+        let mut requests = Vec::new();
+        (requests.try_reserve_exact(len)).map_err(|_| SimError::OutOfMemory {
+            what: "the trace's copies",
+            bytes: (len as u64).saturating_mul(size_of::<TraceRequest>() as u64),
+        })?;
+        for request in &self.requests {
+            for copy in 0..copies as u64 {
+                let offset = copy * stride;
+                let mut hash_ids = Vec::new();
+                (hash_ids.try_reserve_exact(request.hash_ids.len())).map_err(|_| {
+                    SimError::OutOfMemory {
+                        what: "the trace's copies",
+                        bytes: (request.hash_ids.len() as u64).saturating_mul(8),
+                    }
+                })?;
+                // Below 2^32 (`check_replicate`): no overflow.
+                hash_ids.extend(request.hash_ids.iter().map(|&id| id + offset));
+                requests.push(TraceRequest {
+                    timestamp: request.timestamp,
+                    input_length: request.input_length,
+                    output_length: request.output_length,
+                    hash_ids,
+                    priority: request.priority,
+                });
+            }
+        }
+        Ok(Self { requests })
+    }
+
+    /// Checks that [`replicate`](Self::replicate) can make `copies`
+    /// copies, without making them: the offset between two copies' ids,
+    /// and the copies' request count.
+    ///
+    /// # Errors
+    ///
+    /// As [`replicate`](Self::replicate), but for memory.
+    pub(crate) fn check_replicate(&self, copies: usize) -> Result<(u64, usize), SimError> {
+        let invalid = |reason: String| SimError::InvalidReplicate { copies, reason };
+        if copies == 0 {
+            return Err(invalid("at least one copy is needed".to_owned()));
+        }
+        let max_id = (self.requests.iter())
+            .flat_map(|request| request.hash_ids.iter().copied())
+            .max()
+            .unwrap_or(0);
+        // Every copy's ids below 2^32: `copies × (max_id + 1) <= 2^32`.
+        let stride = max_id.checked_add(1);
+        let end = stride.and_then(|stride| stride.checked_mul(copies as u64));
+        let (Some(stride), Some(_)) = (stride, end.filter(|&end| end <= DISTINCT_IDS)) else {
+            return Err(invalid(format!(
+                "the trace's largest block id is {max_id}, and every copy's ids must stay \
+                 below 2^32 (where different ids give different tokens)"
+            )));
+        };
+        let Some(len) = self.requests.len().checked_mul(copies) else {
+            return Err(invalid(format!(
+                "{} requests {copies} times overflow",
+                self.requests.len()
+            )));
+        };
+        Ok((stride, len))
     }
 
     /// The requests in file order.

@@ -27,6 +27,8 @@ mod report;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_replicate;
+#[cfg(test)]
 mod tests_tiers;
 
 use std::path::{Path, PathBuf};
@@ -42,12 +44,12 @@ use kvbm_router::{
     KvAware, LeastLoaded, Policy, PrefixIndex, Random, RoundRobin, RouteRequest, Router, WorkerId,
     WorkerLoad, block_key,
 };
-use kvbm_sequence::{Salt, block_hash, chain_hash};
+use kvbm_sequence::{HashedPrompt, Salt};
 use kvbm_tiers::Lower;
 
 use self::global_kv::{GlobalCosts, GlobalFeed, GlobalKv};
 pub use self::report::{ClusterReport, ClusterRun, ClusterTiers};
-use super::serve::{ServeConfig, ServeSim, Simulated, shared_prompt};
+use super::serve::{ServeConfig, ServeSim, SimPrompt, Simulated, shared_prompt};
 #[cfg(test)]
 use crate::ServeOutcome;
 use crate::events::{EventTap, SUBSCRIPTION_CAPACITY};
@@ -154,6 +156,11 @@ pub struct ClusterConfig {
     /// `false`): Mooncake's Figure 5 compares them so, since moving a
     /// prefix between instances is what its global scheduling adds.
     pub pool_only_for_global_kv: bool,
+    /// Copies of the trace replayed together ([`Trace::replicate`]: each
+    /// with block ids of its own, all at the trace's arrival times), so a
+    /// cluster N times larger carries the same load per engine (default
+    /// 1: the trace as it is; at least 1).
+    pub replicate: usize,
 }
 
 impl Default for ClusterConfig {
@@ -169,6 +176,7 @@ impl Default for ClusterConfig {
             global_pool_tokens: None,
             network: Link::NETWORK_100G,
             pool_only_for_global_kv: false,
+            replicate: 1,
         }
     }
 }
@@ -207,6 +215,14 @@ impl ClusterConfig {
     /// Sets [`pool_only_for_global_kv`](Self::pool_only_for_global_kv).
     pub fn with_pool_only_for_global_kv(mut self, only: bool) -> Self {
         self.pool_only_for_global_kv = only;
+        self
+    }
+
+    /// Sets [`replicate`](Self::replicate): `copies` copies of the trace
+    /// (checked by [`validate`](Self::validate), and against the trace by
+    /// [`replay`]).
+    pub fn with_replicate(mut self, copies: usize) -> Self {
+        self.replicate = copies;
         self
     }
 
@@ -306,7 +322,8 @@ impl ClusterConfig {
     ///
     /// # Errors
     ///
-    /// [`SimError::ZeroEngines`], [`SimError::InvalidRouting`] for a
+    /// [`SimError::ZeroEngines`], [`SimError::InvalidReplicate`] for no
+    /// copies of the trace, [`SimError::InvalidRouting`] for a
     /// negative or non-finite overlap weight or temperature,
     /// [`SimError::ClusterTooLarge`], [`SimError::InvalidMemoryLimit`] for a
     /// budget of 0 or over [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET),
@@ -319,6 +336,12 @@ impl ClusterConfig {
     fn capacity_blocks(&self) -> Result<usize, SimError> {
         if self.engines == 0 {
             return Err(SimError::ZeroEngines);
+        }
+        if self.replicate == 0 {
+            return Err(SimError::InvalidReplicate {
+                copies: 0,
+                reason: "at least one copy is needed".to_owned(),
+            });
         }
         for (name, value) in [
             ("overlap weight", self.overlap_weight),
@@ -404,7 +427,8 @@ impl ClusterConfig {
     }
 }
 
-/// Replays `trace` once per policy of `config`.
+/// Replays `trace` (its [`replicate`](ClusterConfig::replicate) copies)
+/// once per policy of `config`.
 ///
 /// # Errors
 ///
@@ -414,11 +438,17 @@ impl ClusterConfig {
 /// [`SimError::ClusterMemory`] when the
 /// [`memory_estimate`](ClusterConfig::memory_estimate) exceeds the
 /// [`memory_budget`](ClusterConfig::memory_budget), before anything is
-/// built; [`SimError::OutOfMemory`] if the machine refuses memory the
-/// estimate allowed; as serve mode's replay for an engine that cannot be
-/// built or stalls.
+/// built; [`Trace::replicate`]'s errors for copies that cannot be made;
+/// [`SimError::OutOfMemory`] if the machine refuses memory the estimate
+/// allowed; as serve mode's replay for an engine that cannot be built or
+/// stalls.
 pub fn replay(trace: &Trace, config: &ClusterConfig) -> Result<ClusterReport, SimError> {
     let capacity_blocks = config.capacity_blocks()?;
+    // The copies are checked before the estimate (which counts them) and
+    // made after it.
+    if config.replicate > 1 {
+        trace.check_replicate(config.replicate)?;
+    }
     let estimate_bytes = memory::estimate(config, capacity_blocks, trace);
     if estimate_bytes > config.memory_budget {
         return Err(SimError::ClusterMemory {
@@ -428,11 +458,17 @@ pub fn replay(trace: &Trace, config: &ClusterConfig) -> Result<ClusterReport, Si
             budget_bytes: config.memory_budget,
         });
     }
+    let replicated = match config.replicate {
+        1 => None,
+        copies => Some(trace.replicate(copies)?),
+    };
+    let trace = replicated.as_ref().unwrap_or(trace);
     let runs = (config.policies.iter())
         .map(|&policy| replay_policy(trace, config, capacity_blocks, policy))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(ClusterReport {
         engines: config.engines,
+        replicate: config.replicate,
         block_size: config.engine.block_size,
         capacity_blocks,
         runs,
@@ -520,31 +556,36 @@ const PREPARE_WINDOW: usize = 32;
 /// An arrival's prompt and request keys: everything about it that does not
 /// depend on the engines, so built off the serial path.
 struct Prepared {
-    prompt: Option<Arc<[u32]>>,
+    /// Hashed once: the keys are its hashes as the engines send them, and
+    /// the engine's sequence takes the hashes as they are.
+    prompt: Option<HashedPrompt>,
     keys: Vec<u128>,
 }
 
 impl Prepared {
-    fn new(trace: &Trace, index: usize, block_size: usize, format: &WireFormat) -> Self {
-        let prompt = (trace.requests().get(index)).and_then(shared_prompt);
-        let mut keys = Vec::new();
-        if let Some(prompt) = &prompt {
-            request_keys(prompt, block_size, format, &mut keys);
-        }
-        Self { prompt, keys }
+    fn new(
+        trace: &Trace,
+        index: usize,
+        block_size: usize,
+        format: &WireFormat,
+    ) -> Result<Self, SimError> {
+        let tokens = (trace.requests().get(index)).and_then(shared_prompt);
+        let prompt = match tokens {
+            Some(tokens) => Some(HashedPrompt::new(tokens, block_size, Salt::NONE)?),
+            None => None,
+        };
+        let keys = prompt
+            .as_ref()
+            .map_or_else(Vec::new, |p| request_keys(p, format));
+        Ok(Self { prompt, keys })
     }
 }
 
-/// The chained keys of `prompt`'s full blocks, as the engines send them.
-fn request_keys(prompt: &[u32], block_size: usize, format: &WireFormat, keys: &mut Vec<u128>) {
-    keys.clear();
-    let mut previous = Salt::NONE.get();
-    for block in prompt.chunks_exact(block_size) {
-        previous = chain_hash(previous, block_hash(block));
-        keys.push(block_key(
-            &format.hash(kvbm_blocks::SequenceHash::root(previous)),
-        ));
-    }
+/// The keys of `prompt`'s full blocks, as the engines send them.
+fn request_keys(prompt: &HashedPrompt, format: &WireFormat) -> Vec<u128> {
+    (prompt.hashes().iter())
+        .map(|hash| block_key(&format.hash(kvbm_blocks::SequenceHash::root(hash.value()))))
+        .collect()
 }
 
 /// One policy's replay of a validated `config` whose engines each have
@@ -656,25 +697,23 @@ fn replay_policy(
         let prepared = threads.map(window, |index| {
             Prepared::new(trace, index, block_size, &format)
         });
-        for (&index, Prepared { prompt, keys }) in window.iter().zip(prepared) {
-            let at = engines[0].sim.arrival_of(index);
+        for (&index, prepared) in window.iter().zip(prepared) {
+            let Prepared { prompt, keys } = prepared?;
+            let at = arrival(trace, index)?;
             // Every step that begins before the arrival, on every engine.
             threads.run_until(&mut engines, Some(at), wire)?;
             if let Some(tap) = &mut pool_tap {
                 tap.pump(&mut pool_feed)?;
             }
-            let request = RouteRequest {
-                keys: &keys,
-                prompt_tokens: prompt.as_ref().map_or(0, |p| p.len()),
-                block_size,
-            };
+            let prompt_tokens = prompt.as_ref().map_or(0, |p| p.tokens().len());
+            let request = RouteRequest::new(&keys, prompt_tokens, block_size);
             let worker = router
                 .route(&request, policy.as_mut())
                 .map_or(0, |decision| decision.worker as usize);
             assigned[index] = worker;
             let engine = &mut engines[worker];
             engine.sim.wake_at(at);
-            engine.sim.submit(index, prompt)?;
+            engine.sim.submit(index, prompt.map(SimPrompt::Hashed))?;
             // Its queued prompt tokens now include this one, so a burst of
             // arrivals spreads before the engine next steps.
             engine.report_load(&router)?;
@@ -693,6 +732,20 @@ fn replay_policy(
         capacity_blocks,
         started,
     )
+}
+
+/// When request `index` arrives, in simulated nanoseconds.
+///
+/// # Errors
+///
+/// [`SimError::TimestampTooLarge`] for a timestamp the clock cannot hold
+/// (never, for a checked [`Trace`]).
+fn arrival(trace: &Trace, index: usize) -> Result<u64, SimError> {
+    let timestamp = trace.requests().get(index).map_or(0, |r| r.timestamp);
+    crate::trace::arrival_nanos(timestamp).ok_or(SimError::TimestampTooLarge {
+        line: index + 1,
+        timestamp,
+    })
 }
 
 /// Checks that the router, fed only by events, holds exactly the blocks
@@ -761,11 +814,7 @@ impl Engine<'_> {
     /// Tells the router this engine's load, if it changed.
     fn report_load(&mut self, router: &Router) -> Result<(), SimError> {
         let (active_blocks, queued_prefill_tokens, running_requests) = self.sim.load();
-        let load = WorkerLoad {
-            active_blocks,
-            queued_prefill_tokens,
-            running_requests,
-        };
+        let load = WorkerLoad::new(active_blocks, queued_prefill_tokens, running_requests);
         if self.reported == Some(load) {
             return Ok(());
         }

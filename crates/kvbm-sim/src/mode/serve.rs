@@ -65,6 +65,7 @@ mod report;
 mod step_time;
 mod tier_report;
 mod tokens;
+mod tracks;
 mod transfers;
 
 use std::sync::Arc;
@@ -75,6 +76,7 @@ use kvbm_queue::{
     EngineOutput, FinishReason, InferenceRequest, Priority, QueueError, RequestId, Scheduler,
     SchedulerConfig, StepPlan,
 };
+use kvbm_sequence::HashedPrompt;
 use tracing::instrument;
 
 use self::draws::Stream;
@@ -86,11 +88,22 @@ pub use self::step_time::StepTime;
 pub use self::tier_report::{OnboardFigures, TierFigures, TierReport};
 pub(crate) use self::tokens::shared_prompt;
 pub use self::tokens::{prompt_tokens, trace_token};
+use self::tracks::Tracks;
 use self::transfers::EngineTransfers;
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
 use crate::tiers::LinkClock;
 use crate::trace::arrival_nanos;
-use crate::{Capacity, Eviction, HitStats, NoProgress, Progress, SimError, TierSetup, Trace};
+use crate::{
+    Capacity, Eviction, HitStats, NoProgress, Progress, SimError, TierSetup, Trace, TraceRequest,
+};
+
+/// A prompt as the simulator submits it: its tokens, or its tokens with the
+/// block hashes a router already computed for them (so the engine's
+/// sequence does not hash them again).
+pub(crate) enum SimPrompt {
+    Tokens(Arc<[u32]>),
+    Hashed(HashedPrompt),
+}
 
 /// Finished requests between two progress reports.
 const PROGRESS_EVERY: u64 = 256;
@@ -360,9 +373,9 @@ pub fn replay_with_data_plane(
 
 /// One request's life, in nanoseconds of simulated time.
 ///
-/// Every engine keeps one per trace request (cluster mode's engines too:
-/// any of them may be routed any request), so its size is a term of
-/// cluster mode's memory estimate ([`TRACK_BYTES`]).
+/// Serve mode's engine keeps one per trace request, a cluster's engine one
+/// per request routed to it ([`Tracks`]); its size is a term of cluster
+/// mode's memory estimate ([`TRACK_BYTES`]).
 #[derive(Clone, Copy, Debug)]
 struct Track {
     arrival: u64,
@@ -382,8 +395,43 @@ struct Track {
     outcome: ServeOutcome,
 }
 
-/// Bytes an engine keeps per trace request (its [`Track`]).
+/// Bytes an engine keeps per request it knows (its [`Track`]).
 pub(crate) const TRACK_BYTES: usize = size_of::<Track>();
+
+/// The record of request `index` before it arrives.
+///
+/// # Errors
+///
+/// [`SimError::TimestampTooLarge`] for a timestamp the clock cannot hold
+/// (never, for a checked [`Trace`]).
+fn new_track(
+    index: usize,
+    request: &TraceRequest,
+    priorities: Option<&PriorityMix>,
+    seed: u64,
+) -> Result<Track, SimError> {
+    let arrival = arrival_nanos(request.timestamp).ok_or(SimError::TimestampTooLarge {
+        line: index + 1,
+        timestamp: request.timestamp,
+    })?;
+    Ok(Track {
+        arrival,
+        admitted: NEVER,
+        first_token: NEVER,
+        finished: NEVER,
+        admission_rank: NEVER,
+        hit_tokens: 0,
+        preemptions: 0,
+        priority: match (request.priority, priorities) {
+            (Some(value), _) => priority_from_vllm(value),
+            (None, Some(mix)) => mix.pick(draws::unit(seed, Stream::Priority, index as u64, 0)),
+            (None, None) => Priority::Normal,
+        },
+        running: false,
+        onboarding_since: NEVER,
+        outcome: ServeOutcome::Pending,
+    })
+}
 
 /// The replay loop's state: one engine (serve mode's whole replay, or one
 /// engine of cluster mode, whose arrivals come from the router).
@@ -398,7 +446,9 @@ pub(crate) struct ServeSim<'a> {
     /// Request indices in arrival order.
     arrivals: Vec<usize>,
     next_arrival: usize,
-    tracks: Vec<Track>,
+    tracks: Tracks,
+    /// Priorities drawn for requests whose trace line has none.
+    priorities: Option<PriorityMix>,
     /// Simulated time, nanoseconds.
     now: u64,
     /// Engine outputs, reused every step.
@@ -450,6 +500,13 @@ struct Counters {
 impl<'a> ServeSim<'a> {
     /// Serve mode's engine: the trace's requests arrive at their
     /// timestamps.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::OutOfMemory`] if the per-request state cannot be
+    /// allocated; [`SimError::TimestampTooLarge`] for a timestamp the clock
+    /// cannot hold (never, for a checked [`Trace`]); as
+    /// [`with_arrivals`](Self::with_arrivals).
     fn new(
         trace: &'a Trace,
         config: &ServeConfig,
@@ -459,55 +516,36 @@ impl<'a> ServeSim<'a> {
         let mut arrivals: Vec<usize> = (0..requests.len()).collect();
         // Stable: equal timestamps keep trace order.
         arrivals.sort_by_key(|&index| requests.get(index).map_or(0, |r| r.timestamp));
-        Self::with_arrivals(trace, config, scheduler, arrivals)
-    }
-
-    /// An engine whose requests arrive in the order of `arrivals` (request
-    /// indices; empty when someone else submits them).
-    ///
-    /// # Errors
-    ///
-    /// [`SimError::OutOfMemory`] if the per-request state cannot be
-    /// allocated; [`SimError::TimestampTooLarge`] for a timestamp the clock
-    /// cannot hold (never, for a checked [`Trace`]).
-    fn with_arrivals(
-        trace: &'a Trace,
-        config: &ServeConfig,
-        scheduler: Scheduler<Simulated>,
-        arrivals: Vec<usize>,
-    ) -> Result<Self, SimError> {
-        let requests = trace.requests();
         let mut tracks = Vec::new();
-        // Fallible: a cluster holds one of these per engine.
+        // Fallible, as a routed engine's records are.
         (tracks.try_reserve_exact(requests.len())).map_err(|_| SimError::OutOfMemory {
             what: "an engine's per-request state",
             bytes: (requests.len() as u64).saturating_mul(TRACK_BYTES as u64),
         })?;
         for (index, request) in requests.iter().enumerate() {
-            let arrival = arrival_nanos(request.timestamp).ok_or(SimError::TimestampTooLarge {
-                line: index + 1,
-                timestamp: request.timestamp,
-            })?;
-            tracks.push(Track {
-                arrival,
-                admitted: NEVER,
-                first_token: NEVER,
-                finished: NEVER,
-                admission_rank: NEVER,
-                hit_tokens: 0,
-                preemptions: 0,
-                priority: match (request.priority, &config.priorities) {
-                    (Some(value), _) => priority_from_vllm(value),
-                    (None, Some(mix)) => {
-                        mix.pick(draws::unit(config.seed, Stream::Priority, index as u64, 0))
-                    }
-                    (None, None) => Priority::Normal,
-                },
-                running: false,
-                onboarding_since: NEVER,
-                outcome: ServeOutcome::Pending,
-            });
+            tracks.push(new_track(
+                index,
+                request,
+                config.priorities.as_ref(),
+                config.seed,
+            )?);
         }
+        Self::with_arrivals(trace, config, scheduler, arrivals, Tracks::All(tracks))
+    }
+
+    /// An engine whose requests arrive in the order of `arrivals` (request
+    /// indices; empty when someone else submits them), with `tracks`.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::InvalidTiers`] for tiers that cannot be planned.
+    fn with_arrivals(
+        trace: &'a Trace,
+        config: &ServeConfig,
+        scheduler: Scheduler<Simulated>,
+        arrivals: Vec<usize>,
+        tracks: Tracks,
+    ) -> Result<Self, SimError> {
         let plans = config.tiers.plan(config.block_size)?;
         let transfers = if plans.is_empty() {
             None
@@ -528,6 +566,7 @@ impl<'a> ServeSim<'a> {
             arrivals,
             next_arrival: 0,
             tracks,
+            priorities: config.priorities,
             now: 0,
             outputs: Vec::new(),
             plan: Some(Box::default()),
@@ -551,7 +590,7 @@ impl<'a> ServeSim<'a> {
         scheduler: Scheduler<Simulated>,
         labels: &[(&'static str, String)],
     ) -> Result<Self, SimError> {
-        let mut sim = Self::with_arrivals(trace, config, scheduler, Vec::new())?;
+        let mut sim = Self::with_arrivals(trace, config, scheduler, Vec::new(), Tracks::routed())?;
         sim.ttft = metrics::histogram!(
             kvbm_queue::metric_names::TIME_TO_FIRST_TOKEN,
             labels
@@ -573,14 +612,16 @@ impl<'a> ServeSim<'a> {
         self.now = self.now.max(at);
     }
 
-    /// When request `index` arrives (nanoseconds).
-    pub(crate) fn arrival_of(&self, index: usize) -> u64 {
-        self.tracks.get(index).map_or(0, |track| track.arrival)
-    }
-
-    /// Whether nothing waits or runs.
+    /// Whether nothing waits or runs: every request the scheduler
+    /// accepted has left it (the plans and reports show every exit).
+    ///
+    /// Counted, not asked: a cluster asks each of its engines at every
+    /// arrival, and the scheduler's answer takes a lock (at 1,024
+    /// engines, 6% of the replay).
     pub(crate) fn is_idle(&self) -> bool {
-        self.scheduler.is_idle()
+        let idle = self.counters.accepted == self.counters.exited;
+        debug_assert_eq!(idle, self.scheduler.is_idle());
+        idle
     }
 
     /// Blocks in use, prompt tokens not yet prefilled, running requests.
@@ -776,7 +817,7 @@ impl<'a> ServeSim<'a> {
                 break;
             }
             self.next_arrival += 1;
-            let prompt = self.prompt(index);
+            let prompt = self.prompt(index).map(SimPrompt::Tokens);
             self.submit(index, prompt)?;
         }
         Ok(())
@@ -788,15 +829,18 @@ impl<'a> ServeSim<'a> {
     }
 
     /// Submits request `index` with its `prompt` (from
-    /// [`prompt`](Self::prompt)) now.
+    /// [`prompt`](Self::prompt), or hashed by a router) now.
     pub(crate) fn submit(
         &mut self,
         index: usize,
-        prompt: Option<Arc<[u32]>>,
+        prompt: Option<SimPrompt>,
     ) -> Result<(), SimError> {
-        let (Some(track), Some(request)) =
-            (self.tracks.get_mut(index), self.trace.requests().get(index))
-        else {
+        let Some(request) = self.trace.requests().get(index) else {
+            return Ok(());
+        };
+        let (priorities, seed) = (self.priorities, self.seed);
+        let make = || new_track(index, request, priorities.as_ref(), seed);
+        let Some(track) = self.tracks.get_or_insert(index, make)? else {
             return Ok(());
         };
         let Some(prompt) = prompt else {
@@ -807,7 +851,12 @@ impl<'a> ServeSim<'a> {
         };
         let max_new = u32::try_from(request.output_length).unwrap_or(u32::MAX);
         // Arrival in simulated time, for time-based aging.
-        let inference = InferenceRequest::new(RequestId(index as u64), prompt, max_new)
+        let id = RequestId(index as u64);
+        let inference = match prompt {
+            SimPrompt::Tokens(tokens) => InferenceRequest::new(id, tokens, max_new),
+            SimPrompt::Hashed(hashed) => InferenceRequest::hashed(id, hashed, max_new),
+        };
+        let inference = inference
             .with_priority(track.priority)
             .with_arrival(Duration::from_nanos(track.arrival));
         match self.scheduler.submit(inference) {
@@ -992,19 +1041,33 @@ impl<'a> ServeSim<'a> {
             FinishReason::MaxTokens | FinishReason::Stop => ServeOutcome::Finished,
             FinishReason::CapacityExceeded => ServeOutcome::CapacityExceeded,
             FinishReason::Aborted | FinishReason::Cancelled => ServeOutcome::Aborted,
+            // A reason added after this was written: the request left early.
+            _ => ServeOutcome::Aborted,
         };
         self.counters.exited += 1;
         self.counters.unreported += 1;
     }
 
-    /// The report of a finished replay (replay time left at zero).
+    /// The trace indices of [`report`](Self::report)'s requests, in its
+    /// order: every trace request for serve mode's engine, the requests
+    /// routed to it, as they were, for a cluster's.
+    pub(crate) fn request_indices(&self) -> Vec<usize> {
+        self.tracks.indices()
+    }
+
+    /// The report of a finished replay (replay time left at zero): a
+    /// timeline per request the engine knows
+    /// ([`request_indices`](Self::request_indices)).
     pub(crate) fn report(&self, capacity_blocks: usize) -> Result<ServeReport, SimError> {
         let census = self.scheduler.audit()?;
         let block_size = self.scheduler.manager().block_size();
         let requests = self.trace.requests();
         let mut hits = HitStats::default();
         let mut timelines = Vec::with_capacity(self.tracks.len());
-        for (track, request) in self.tracks.iter().zip(requests) {
+        for (index, track) in self.tracks.iter() {
+            let Some(request) = requests.get(index) else {
+                continue;
+            };
             let at = |nanos: u64| (nanos != NEVER).then(|| Duration::from_nanos(nanos));
             let timeline = RequestTimeline {
                 arrival: Duration::from_nanos(track.arrival),

@@ -263,3 +263,47 @@ fn timestamps_past_the_clock_are_refused_naming_their_line() {
         Err(SimError::TimestampTooLarge { line: 2, .. })
     ));
 }
+
+#[test]
+fn copies_arrive_together_in_the_trace_order_with_ids_of_their_own() {
+    // Out of timestamp order on purpose: the copies keep file order.
+    let text = format!("{}\n{}\n", line(500, 600, &[7, 9]), line(300, 100, &[3]));
+    let mut trace = Trace::from_jsonl(&text).unwrap();
+    trace.requests[1].priority = Some(-2);
+    let copies = trace.replicate(3).unwrap();
+    let shape: Vec<(u64, u64, &[u64], Option<i64>)> = (copies.requests().iter())
+        .map(|r| {
+            (
+                r.timestamp,
+                r.input_length,
+                r.hash_ids.as_slice(),
+                r.priority,
+            )
+        })
+        .collect();
+    // The largest id is 9: copy k adds 10 k.
+    assert_eq!(
+        shape,
+        [
+            (500, 600, &[7, 9][..], None),
+            (500, 600, &[17, 19], None),
+            (500, 600, &[27, 29], None),
+            (300, 100, &[3], Some(-2)),
+            (300, 100, &[13], Some(-2)),
+            (300, 100, &[23], Some(-2)),
+        ]
+    );
+    let (one, three) = (trace.summary(), copies.summary());
+    assert_eq!(three.requests, 3 * one.requests);
+    assert_eq!(three.input_tokens, 3 * one.input_tokens);
+    assert_eq!(three.duration_ms, one.duration_ms);
+    // Copies of copies are still told apart.
+    let nine = copies.replicate(3).unwrap();
+    let mut ids: Vec<u64> = (nine.requests().iter())
+        .flat_map(|r| r.hash_ids.iter().copied())
+        .collect();
+    let all = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), all);
+}

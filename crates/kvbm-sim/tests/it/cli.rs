@@ -776,3 +776,153 @@ fn kv_events_subscriber_counts_are_checked() {
         assert!(!stderr(&output).contains("panicked"));
     }
 }
+
+/// `json` without its wall-clock fields (`load_ms`, each run's
+/// `replay_ms`), to compare two replays.
+fn timeless_json(text: &str) -> serde_json::Value {
+    let mut json: serde_json::Value = serde_json::from_str(text).expect("JSON report");
+    if let Some(report) = json.as_object_mut() {
+        report.remove("load_ms");
+    }
+    for run in json["runs"].as_array_mut().expect("runs") {
+        run.as_object_mut().expect("a run").remove("replay_ms");
+    }
+    json
+}
+
+#[test]
+fn cluster_replicate_copies_the_trace_and_one_copy_changes_nothing() {
+    let base = [
+        "cluster",
+        "--limit",
+        "24",
+        "--policies",
+        "round-robin",
+        "--capacity-tokens",
+        "400000",
+    ];
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let output = kvbm_sim(&args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        stdout(&output)
+    };
+    // `--replicate 1` is the default: the same report, key for key.
+    let plain = timeless_json(&run(&["--engines", "2", "--json"]));
+    let one = run(&["--engines", "2", "--replicate", "1", "--json"]);
+    assert_eq!(timeless_json(&one), plain);
+    assert!(plain.get("replicate").is_none());
+    // Two copies on twice the engines: twice the requests, the same hit
+    // rate (round-robin gives each copy the engines the trace had alone).
+    let doubled = timeless_json(&run(&["--replicate", "2", "--engines", "4", "--json"]));
+    assert_eq!(doubled["replicate"], 2);
+    assert_eq!(doubled["engines"], 4);
+    let (one, two) = (&plain["runs"][0], &doubled["runs"][0]);
+    assert_eq!(one["requests"], 24);
+    assert_eq!(two["requests"], 48);
+    assert_eq!(two["hit_tokens"], 2 * one["hit_tokens"].as_u64().unwrap());
+    assert_eq!(two["token_hit_rate"], one["token_hit_rate"]);
+    assert_eq!(two["ttft"]["count"], 48);
+    assert_eq!(two["ttft"]["p90_ms"], one["ttft"]["p90_ms"]);
+    // The table says so.
+    let table = run(&["--replicate", "2", "--engines", "4"]);
+    assert!(
+        table.contains("cluster mode: 4 engines, 48 requests (2 copies of the trace),"),
+        "{table}"
+    );
+}
+
+#[test]
+fn cluster_replicate_refuses_counts_it_cannot_make() {
+    fails_with(
+        &["cluster", "--replicate", "0"],
+        "error: --replicate 0: at least one copy is needed",
+    );
+    // The excerpt's ids run to 2^18 or so: 2^20 copies would pass 2^32.
+    fails_with(
+        &["cluster", "--replicate", "1048576"],
+        "every copy's ids must stay below 2^32",
+    );
+    for value in ["-1", "many", "1.5"] {
+        let output = kvbm_sim(&["cluster", "--replicate", value]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{value}: {}",
+            stderr(&output)
+        );
+        assert!(!stderr(&output).contains("panicked"));
+    }
+}
+
+/// Without a feature, its flags fail at once with exit code 1, naming the
+/// feature and how to turn it on; `--help` says which are on.
+#[test]
+fn flags_of_features_left_out_fail_naming_the_feature() {
+    let help = stdout(&kvbm_sim(&["--help"]));
+    assert!(help.contains("Cargo features"), "{help}");
+    let on = |feature: bool| if feature { "on" } else { "off" };
+    for (name, enabled) in [
+        ("kv-events", cfg!(feature = "kv-events")),
+        ("redis", cfg!(feature = "redis")),
+        ("prometheus", cfg!(feature = "prometheus")),
+    ] {
+        let row = help.lines().find(|l| l.trim_start().starts_with(name));
+        let row = row.unwrap_or_else(|| panic!("no {name} in {help}"));
+        assert!(row.contains(&format!(" {} ", on(enabled))), "{row}");
+    }
+    let scratch = Scratch::new("features");
+    let metrics = scratch.0.join("metrics.prom");
+    let mut refused: Vec<(Vec<String>, &str, &str)> = Vec::new();
+    if !cfg!(feature = "prometheus") {
+        for mode in ["serve", "cluster"] {
+            refused.push((
+                vec![
+                    mode.into(),
+                    "--metrics-out".into(),
+                    metrics.display().to_string(),
+                ],
+                "--metrics-out",
+                "prometheus",
+            ));
+            refused.push((
+                vec![mode.into(), "--prometheus".into(), "127.0.0.1:1".into()],
+                "--prometheus",
+                "prometheus",
+            ));
+        }
+    }
+    if !cfg!(feature = "kv-events") {
+        refused.push((
+            vec![
+                "serve".into(),
+                "--kv-events".into(),
+                "tcp://127.0.0.1:1".into(),
+            ],
+            "--kv-events",
+            "kv-events",
+        ));
+    }
+    if !cfg!(feature = "redis") {
+        refused.push((
+            vec![
+                "serve".into(),
+                "--data-plane".into(),
+                "redis:redis://127.0.0.1:1".into(),
+            ],
+            "--data-plane redis:URL",
+            "redis",
+        ));
+    }
+    for (args, flag, feature) in refused {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with(
+            &args,
+            &format!(
+                "error: {flag} needs kvbm-sim built with the `{feature}` feature \
+                 (cargo run --release -p kvbm-sim --features {feature}, or --features full"
+            ),
+        );
+    }
+    assert!(!metrics.exists());
+}

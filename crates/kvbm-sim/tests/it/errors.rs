@@ -94,10 +94,10 @@ fn a_zero_capacity() {
         "cache capacity 0 blocks holds no 512-token block"
     );
     // A sweep fails on its bad capacity before replaying anything.
-    let config = SweepConfig {
-        capacities: vec![Capacity::Blocks(100), Capacity::Blocks(0)],
-        evictions: vec![Eviction::Lru],
-    };
+    let config = SweepConfig::new(
+        vec![Capacity::Blocks(100), Capacity::Blocks(0)],
+        vec![Eviction::Lru],
+    );
     assert!(matches!(
         sweep(&workload, &config, &mut kvbm_sim::NoProgress),
         Err(SimError::ZeroCapacity { .. })
@@ -124,14 +124,8 @@ fn a_block_size_that_does_not_divide_512() {
 fn an_empty_sweep() {
     let workload = Workload::new(&Trace::conversation_excerpt().unwrap(), 512).unwrap();
     for config in [
-        SweepConfig {
-            capacities: vec![],
-            evictions: vec![Eviction::Lru],
-        },
-        SweepConfig {
-            capacities: vec![Capacity::Blocks(10)],
-            evictions: vec![],
-        },
+        SweepConfig::new(vec![], vec![Eviction::Lru]),
+        SweepConfig::new(vec![Capacity::Blocks(10)], vec![]),
     ] {
         assert!(matches!(
             sweep(&workload, &config, &mut kvbm_sim::NoProgress),
@@ -146,10 +140,7 @@ fn an_unwritable_output_directory() {
     // A file where the output directory should be.
     let blocker = scratch.file("out", "not a directory");
     let workload = Workload::new(&Trace::conversation_excerpt().unwrap(), 512).unwrap();
-    let config = SweepConfig {
-        capacities: vec![Capacity::Blocks(1000)],
-        evictions: vec![Eviction::Lru],
-    };
+    let config = SweepConfig::new(vec![Capacity::Blocks(1000)], vec![Eviction::Lru]);
     let sweep = sweep(&workload, &config, &mut kvbm_sim::NoProgress).unwrap();
     match sweep.write_to(&blocker) {
         Err(SimError::WriteOutput { path, .. }) => assert_eq!(path, blocker),

@@ -7,6 +7,9 @@ mod fuzz;
 mod kv_events;
 #[cfg(not(kvbm_loom))]
 mod model;
+// `--prometheus` and `--metrics-out` need the exporter (without it they
+// fail, as `cli` checks).
+#[cfg(feature = "prometheus")]
 mod prometheus;
 mod reference;
 mod serve;

@@ -11,16 +11,16 @@ fn excerpt() -> Workload {
 #[test]
 fn a_sweep_runs_every_policy_at_every_capacity_once() {
     let workload = excerpt();
-    let config = SweepConfig {
+    let config = SweepConfig::new(
         // Unsorted, with a duplicate (2,048 blocks either way).
-        capacities: vec![
+        vec![
             Capacity::Blocks(4000),
             Capacity::Blocks(1000),
             Capacity::Tokens(2048 * 512),
             Capacity::Blocks(2048),
         ],
-        evictions: vec![Eviction::Lineage, Eviction::Lru, Eviction::Lru],
-    };
+        vec![Eviction::Lineage, Eviction::Lru, Eviction::Lru],
+    );
     let sweep = sweep(&workload, &config, &mut NoProgress).unwrap();
     assert_eq!(sweep.capacities(), [1000, 2048, 4000]);
     assert_eq!(sweep.evictions(), [Eviction::Lru, Eviction::Lineage]);
@@ -43,10 +43,10 @@ fn a_sweep_runs_every_policy_at_every_capacity_once() {
 #[test]
 fn the_table_and_plot_say_what_the_runs_say() {
     let workload = excerpt();
-    let config = SweepConfig {
-        capacities: vec![Capacity::Blocks(1000), Capacity::Blocks(4000)],
-        evictions: Eviction::ALL.to_vec(),
-    };
+    let config = SweepConfig::new(
+        vec![Capacity::Blocks(1000), Capacity::Blocks(4000)],
+        Eviction::ALL.to_vec(),
+    );
     let sweep = sweep(&workload, &config, &mut NoProgress).unwrap();
 
     let csv = sweep.to_csv();

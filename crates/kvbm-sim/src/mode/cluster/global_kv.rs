@@ -125,15 +125,7 @@ mod tests {
     use super::*;
 
     fn candidate(worker: u64, overlap: usize, queued: u64) -> Candidate {
-        Candidate::new(
-            worker,
-            overlap,
-            WorkerLoad {
-                active_blocks: 0,
-                queued_prefill_tokens: queued,
-                running_requests: 0,
-            },
-        )
+        Candidate::new(worker, overlap, WorkerLoad::new(0, queued, 0))
     }
 
     #[test]
@@ -146,11 +138,7 @@ mod tests {
         };
         let mut policy = GlobalKv::new(Arc::clone(&index), costs);
         let keys = [1, 2, 3, 4];
-        let request = RouteRequest {
-            keys: &keys,
-            prompt_tokens: 64,
-            block_size: 16,
-        };
+        let request = RouteRequest::new(&keys, 64, 16);
         // Engine 0 holds the prefix but has 10k tokens queued; engine 1 is
         // idle and cold.
         let candidates = [candidate(0, 4, 10_000), candidate(1, 0, 0)];

@@ -10,9 +10,9 @@
 //! - per engine: a fixed part ([`ENGINE_BYTES`] plus its event
 //!   subscription's channel), its pool's tables (per block: [`SLOT_BYTES`],
 //!   [`REGISTRY_BYTES`], [`LIST_BYTES`], and [`LINEAGE_BYTES`] or the
-//!   multi-level sketch), its event batches (per step token and block), and
-//!   one [`TRACK_BYTES`] record per *trace* request (any engine may be
-//!   routed any request, and each keeps a record of all of them);
+//!   multi-level sketch) and its event batches (per step token and block);
+//! - per trace request, the record the engine it is routed to keeps of it
+//!   ([`ROUTED_TRACK_BYTES`]);
 //! - the blocks the router's index holds ([`ROUTER_BYTES_PER_BLOCK`]): no
 //!   more than all pools hold, nor than the trace's requests can fill;
 //! - the running sequences: at most `max_running` per engine, so no more
@@ -23,6 +23,8 @@
 //! - per trace request: the parsed trace, the scheduler's state for it
 //!   ([`REQUEST_BYTES`]) and its results (one timeline per policy, and two
 //!   while an engine's results are merged);
+//! - with `--replicate N`, all of the above for N times the requests,
+//!   and the original trace beside its copies;
 //! - the process itself ([`PROCESS_BYTES`]);
 //!
 //! and a quarter on top for the allocator ([`ALLOCATOR_MARGIN`]).
@@ -45,6 +47,13 @@
 //! | 4,000 engines of 1 block (excerpt) | 0.50 GB | 234 MB |
 //! | 20,000 engines of 187,500 blocks (excerpt: `--engines 20000`) | 328 GB | refused |
 //! | 1,000,000 engines of 1 block (excerpt) | 86.7 GB | refused |
+//!
+//! (Until `--replicate`, every engine kept a record of every trace
+//! request, whichever engine it was routed to; the estimates above count
+//! them so. Each is now kept by the engine it is routed to alone, which
+//! lowers the estimates and the measured peaks of the many-engine rows a
+//! little; the replicated rows below are measured and estimated as the
+//! code is now.)
 //!
 //! The worst cases it allows for (every prompt queued, every engine
 //! running its `max_running` longest requests) make it two to thirty
@@ -127,6 +136,12 @@ const HASH_BYTES: u64 = 16;
 /// `u64`s) and allocator rounding.
 pub(crate) const REQUEST_BYTES: u64 = 256;
 
+/// The record the engine a request is routed to keeps of it: its
+/// [`TRACK_BYTES`] and index, in vectors that may have doubled past them,
+/// and a hash-map entry (an index and a position, and a control byte, at
+/// most 16/7 buckets per entry).
+pub(crate) const ROUTED_TRACK_BYTES: u64 = 2 * (TRACK_BYTES as u64 + 8) + (2 * 8 + 1) * 16 / 7 + 1;
+
 /// The allocator's share on top of what is allocated, as a divisor (a
 /// quarter): chunk headers, per-thread arenas and fragmentation. Peak RSS
 /// over peak heap in the measured runs: 1.06 (overloaded, large prompts)
@@ -141,22 +156,29 @@ fn sketch_bytes(blocks: u128) -> u128 {
     4 * width.next_power_of_two()
 }
 
-/// Tokens (prompt and output) of the `count` longest requests of `trace`,
-/// the most a running sequence at a time can be.
-fn longest_requests(trace: &Trace, count: u128) -> u128 {
+/// Tokens (prompt and output) of the `count` longest requests of `copies`
+/// copies of `trace`, the most a running sequence at a time can be.
+fn longest_requests(trace: &Trace, count: u128, copies: u128) -> u128 {
     let total = |request: &TraceRequest| {
         u128::from(request.input_length) + u128::from(request.output_length)
     };
     let requests = trace.requests();
-    match usize::try_from(count) {
-        Ok(count) if count < requests.len() => {
+    let copies = copies.max(1);
+    // The `count` longest are each of the `whole` longest originals'
+    // copies, and `part` copies of the next longest.
+    let (whole, part) = (count / copies, count % copies);
+    match usize::try_from(whole) {
+        Ok(whole) if whole < requests.len() => {
             let mut sizes: Vec<u128> = requests.iter().map(total).collect();
-            let (longest, _, _) = sizes.select_nth_unstable_by(count, |a, b| b.cmp(a));
+            let (longest, &mut next, _) = sizes.select_nth_unstable_by(whole, |a, b| b.cmp(a));
+            let longest = (longest.iter()).fold(0u128, |sum, &size| sum.saturating_add(size));
             longest
-                .iter()
-                .fold(0, |sum, &size| sum.saturating_add(size))
+                .saturating_mul(copies)
+                .saturating_add(next.saturating_mul(part))
         }
-        _ => (requests.iter()).fold(0, |sum, request| sum.saturating_add(total(request))),
+        _ => (requests.iter())
+            .fold(0u128, |sum, request| sum.saturating_add(total(request)))
+            .saturating_mul(copies),
     }
 }
 
@@ -171,7 +193,8 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
     let blocks = capacity_blocks as u128;
     let engines = config.engines as u128;
     let max_running = engine.scheduler.max_running as u128;
-    let requests = trace.len() as u128;
+    let copies = config.replicate.max(1) as u128;
+    let requests = (trace.len() as u128).saturating_mul(copies);
     let bytes = |count: u128, each: u64| count.saturating_mul(u128::from(each));
     let size = |count: u128, each: usize| count.saturating_mul(each as u128);
 
@@ -182,6 +205,13 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
         request_blocks = request_blocks.saturating_add(total.div_ceil(block_size));
         hash_ids = hash_ids.saturating_add(request.hash_ids.len() as u128);
     }
+    let (prompt_tokens, request_blocks) = (
+        prompt_tokens.saturating_mul(copies),
+        request_blocks.saturating_mul(copies),
+    );
+    // The copies' ids, and the original's beside them.
+    let trace_copies = if copies > 1 { copies + 1 } else { 1 };
+    let hash_ids = hash_ids.saturating_mul(trace_copies);
 
     let per_block = SLOT_BYTES
         + REGISTRY_BYTES
@@ -216,7 +246,6 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
         sketch,
         bytes(blocks, per_block),
         events,
-        size(requests, TRACK_BYTES),
     ]
     .into_iter()
     .fold(0u128, u128::saturating_add);
@@ -226,7 +255,7 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
     let held_blocks = engines.saturating_mul(blocks).min(request_blocks);
     // What the running sequences hold.
     let running = engines.saturating_mul(max_running).min(requests);
-    let running_tokens = longest_requests(trace, running);
+    let running_tokens = longest_requests(trace, running, copies);
     let running_blocks = (running_tokens.div_ceil(block_size)).saturating_add(running);
 
     let policies = config.policies.len() as u128;
@@ -235,7 +264,10 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
             policies.saturating_add(2),
             size_of::<RequestTimeline>(),
         ))
-        .saturating_add(u128::from(REQUEST_BYTES));
+        .saturating_add(u128::from(REQUEST_BYTES))
+        .saturating_add(u128::from(ROUTED_TRACK_BYTES));
+    // The original trace's requests beside their copies.
+    let originals = if copies > 1 { trace.len() as u128 } else { 0 };
 
     let allocated = [
         engines.saturating_mul(per_engine),
@@ -244,6 +276,7 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
         bytes(running_blocks, SEQUENCE_BYTES_PER_BLOCK),
         bytes(prompt_tokens, TOKEN_BYTES),
         requests.saturating_mul(per_request),
+        size(originals, size_of::<TraceRequest>()),
         size(hash_ids, size_of::<u64>()),
     ]
     .into_iter()

@@ -137,6 +137,8 @@ impl ClusterRun {
 pub struct ClusterReport {
     /// Engines behind the router.
     pub engines: usize,
+    /// Copies of the trace replayed ([`ClusterConfig::replicate`](crate::ClusterConfig::replicate)).
+    pub replicate: usize,
     /// Tokens per block.
     pub block_size: usize,
     /// Each engine's pool, in blocks.
@@ -147,15 +149,20 @@ pub struct ClusterReport {
 
 impl ClusterReport {
     /// The report as one JSON object (the `--json` output):
-    /// `{"mode": "cluster", "engines": .., "runs": [..]}`.
+    /// `{"mode": "cluster", "engines": .., "runs": [..]}`, and
+    /// `"replicate": N` for more than one copy of the trace.
     pub fn to_json(&self) -> serde_json::Value {
-        json!({
+        let mut report = json!({
             "mode": "cluster",
             "engines": self.engines,
             "block_size": self.block_size,
             "capacity_blocks": self.capacity_blocks,
             "runs": self.runs.iter().map(ClusterRun::to_json).collect::<Vec<_>>(),
-        })
+        });
+        if let (true, Some(map)) = (self.replicate > 1, report.as_object_mut()) {
+            map.insert("replicate".to_owned(), self.replicate.into());
+        }
+        report
     }
 }
 
@@ -163,9 +170,13 @@ impl fmt::Display for ClusterReport {
     /// A table with one row per policy, ending in a newline.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let requests = self.runs.first().map_or(0, |run| run.requests.len() as u64);
+        let copies = match self.replicate {
+            1 => String::new(),
+            copies => format!(" ({copies} copies of the trace)"),
+        };
         writeln!(
             f,
-            "cluster mode: {} engines, {} requests, block size {}, {} blocks per engine",
+            "cluster mode: {} engines, {} requests{copies}, block size {}, {} blocks per engine",
             self.engines,
             group(requests),
             self.block_size,
@@ -211,9 +222,9 @@ impl fmt::Display for ClusterReport {
 /// Merges the engines of one policy's replay: each request as the engine
 /// it was `assigned` to saw it.
 ///
-/// Engine by engine: each one's report is taken apart as soon as it is
-/// made, so the merge holds one engine's timelines at a time, not every
-/// engine's record of every request.
+/// Engine by engine: each one's report (a timeline per request routed to
+/// it) is taken apart as soon as it is made, so the merge holds one
+/// engine's timelines at a time beside the merged ones.
 pub(super) fn merge<'a>(
     trace: &Trace,
     policy: PolicyKind,
@@ -241,6 +252,7 @@ pub(super) fn merge<'a>(
     let mut last_step = Duration::ZERO;
     let mut tiers: Option<ClusterTiers> = None;
     for (engine, sim) in engines.enumerate() {
+        let indices = sim.request_indices();
         let report = sim.report(capacity_blocks)?;
         if let Some(engine_tiers) = &report.tiers {
             let sum = tiers.get_or_insert_default();
@@ -264,8 +276,11 @@ pub(super) fn merge<'a>(
         scheduled_requests = scheduled_requests.saturating_add(report.scheduled_requests);
         busy.push(report.busy_time);
         last_step = last_step.max(report.sim_duration);
-        for ((slot, &to), timeline) in slots.iter_mut().zip(assigned).zip(report.requests) {
-            if to == engine {
+        // The engine knows the requests routed to it, no others.
+        for (index, timeline) in indices.into_iter().zip(report.requests) {
+            if let (Some(slot), Some(&to)) = (slots.get_mut(index), assigned.get(index))
+                && to == engine
+            {
                 *slot = Some(timeline);
             }
         }

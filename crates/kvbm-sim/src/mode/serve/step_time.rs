@@ -39,6 +39,7 @@ use crate::SimError;
 /// one such GPU prefills in an hour, so at these defaults it runs
 /// overloaded and queues build up; that is what the simulator should show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct StepTime {
     /// Fixed cost of any step that runs something.
     pub per_step: Duration,
