@@ -298,11 +298,12 @@ impl ClusterConfig {
         Ok(self.with_memory_budget(bytes as u64))
     }
 
-    /// An upper bound of the memory, in bytes, a replay of `trace` with
-    /// this configuration allocates: per engine its pool's tables, its
-    /// event subscription, fixed state and a record per trace request;
-    /// beside them the blocks the router and the running sequences hold,
-    /// every prompt, and the trace-wide results. The terms and the
+    /// An upper bound of the memory, in bytes, a replay of `trace` (its
+    /// [`replicate`](Self::replicate) copies) with this configuration
+    /// allocates: per engine its pool's tables, its event subscription and
+    /// fixed state; beside them the blocks the router and the running
+    /// sequences hold, every prompt, and per request its record on the
+    /// engine it is routed to and the trace-wide results. The terms and the
     /// measurements behind their constants are in `src/mode/cluster/memory.rs`.
     ///
     /// # Errors

@@ -139,7 +139,7 @@ fn kv_aware_routing_finds_more_of_the_cache_than_random() {
 }
 
 /// The replay without its wall-clock time, to compare two replays.
-fn timeless(mut report: ClusterReport) -> ClusterReport {
+pub(super) fn timeless(mut report: ClusterReport) -> ClusterReport {
     for run in &mut report.runs {
         run.replay_time = Duration::ZERO;
     }

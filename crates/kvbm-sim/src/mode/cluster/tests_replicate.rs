@@ -3,10 +3,10 @@
 //! made are typed errors.
 
 use std::num::NonZeroUsize;
-use std::time::Duration;
 
 use kvbm_queue::SchedulerConfig;
 
+use super::tests::timeless;
 use super::*;
 use crate::{Capacity, Latency, TraceRequest};
 
@@ -18,14 +18,6 @@ fn excerpt(requests: usize) -> Trace {
 
 fn engine() -> ServeConfig {
     ServeConfig::new(16, Capacity::Tokens(400_000)).with_audit_every(50)
-}
-
-/// The replay without its wall-clock time, to compare two replays.
-fn timeless(mut report: ClusterReport) -> ClusterReport {
-    for run in &mut report.runs {
-        run.replay_time = Duration::ZERO;
-    }
-    report
 }
 
 #[test]
