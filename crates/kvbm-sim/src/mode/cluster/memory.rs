@@ -56,7 +56,7 @@
 //!
 //! | cluster (trace) | estimate | peak RSS |
 //! |---|---:|---:|
-//! | 16 engines of 16,384 64-token blocks (full: the mocker comparison) | 2.03 GB | 52-58 MB |
+//! | 16 engines of 16,384 64-token blocks (full: the mocker comparison) | 2.03 GB | 52-60 MB |
 //! | 128 engines of 16,384 blocks, `--replicate 8` (full) | 16.09 GB | 361-406 MB |
 //! | 1,024 engines of 16,384 blocks, `--replicate 64` (full) | 128.6 GB | 2.87-3.03 GB |
 //! | 1,024 engines of 16,384 blocks, one request (full, `--limit 1`) | 1.63 GB | 942 MB |
