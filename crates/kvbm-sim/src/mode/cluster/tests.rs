@@ -10,13 +10,15 @@ use proptest::prelude::*;
 use super::*;
 use crate::{Capacity, RequestTimeline, TraceRequest};
 
-fn excerpt(requests: usize) -> Trace {
+/// The conversation excerpt's first `requests` requests.
+pub(super) fn excerpt(requests: usize) -> Trace {
     let mut trace = Trace::conversation_excerpt().unwrap();
     trace.truncate(NonZeroUsize::new(requests).unwrap());
     trace
 }
 
-fn engine() -> ServeConfig {
+/// A small engine that audits its pool every 50 steps.
+pub(super) fn engine() -> ServeConfig {
     ServeConfig::new(16, Capacity::Tokens(400_000)).with_audit_every(50)
 }
 

@@ -2,23 +2,11 @@
 //! engines replay each copy as the trace alone, and counts that cannot be
 //! made are typed errors.
 
-use std::num::NonZeroUsize;
-
 use kvbm_queue::SchedulerConfig;
 
-use super::tests::timeless;
+use super::tests::{engine, excerpt, timeless};
 use super::*;
-use crate::{Capacity, Latency, TraceRequest};
-
-fn excerpt(requests: usize) -> Trace {
-    let mut trace = Trace::conversation_excerpt().unwrap();
-    trace.truncate(NonZeroUsize::new(requests).unwrap());
-    trace
-}
-
-fn engine() -> ServeConfig {
-    ServeConfig::new(16, Capacity::Tokens(400_000)).with_audit_every(50)
-}
+use crate::{Latency, TraceRequest};
 
 #[test]
 fn one_copy_is_the_trace_itself() {

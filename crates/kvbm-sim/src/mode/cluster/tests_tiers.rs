@@ -3,8 +3,7 @@
 //! fills and another loads from, Mooncake's global cache-aware policy, and
 //! determinism and validation with them.
 
-use std::time::Duration;
-
+use super::tests::timeless;
 use super::*;
 use crate::{Capacity, TierSetup, TraceRequest};
 
@@ -24,13 +23,6 @@ fn trace() -> Trace {
 
 fn engine() -> ServeConfig {
     ServeConfig::new(16, Capacity::Tokens(40_000)).with_audit_every(1)
-}
-
-fn timeless(mut report: ClusterReport) -> ClusterReport {
-    for run in &mut report.runs {
-        run.replay_time = Duration::ZERO;
-    }
-    report
 }
 
 #[test]
