@@ -104,7 +104,7 @@ impl LruRing {
         while let Some(id) = self.ring.pop_front() {
             let position = self.front;
             self.front = self.front.wrapping_add(1);
-            if position != GONE && self.at[id.index()] == position {
+            if self.is_live(id, position) {
                 self.at[id.index()] = GONE;
                 self.live -= 1;
                 return Some(id);
@@ -120,13 +120,17 @@ impl LruRing {
         self.front.wrapping_add(offset as u32)
     }
 
+    /// Whether the entry of `id` at `position` is its live one (no live
+    /// entry is ever at `GONE`, which marks a block not cached).
+    fn is_live(&self, id: BlockId, position: u32) -> bool {
+        position != GONE && self.at[id.index()] == position
+    }
+
     /// Drops the stale entries, keeping the live ones in order.
     fn compact(&mut self) {
         let mut kept = VecDeque::with_capacity(self.live.saturating_mul(2).saturating_add(SLACK));
-        let front = self.front;
         for (offset, &id) in self.ring.iter().enumerate() {
-            let position = front.wrapping_add(offset as u32);
-            if position != GONE && self.at[id.index()] == position {
+            if self.is_live(id, self.position(offset)) {
                 kept.push_back(id);
             }
         }

@@ -249,7 +249,7 @@ impl PoolState {
     pub(crate) fn allocate(
         &mut self,
         n: usize,
-        on_evicted: impl FnMut(SequenceHash),
+        mut on_evicted: impl FnMut(SequenceHash),
     ) -> Result<Vec<BlockId>, BlockError> {
         let total = self.slots.len();
         if n > total {
@@ -272,8 +272,14 @@ impl PoolState {
                 None => break,
             }
         }
-        // `available` counted every cached block, so this finds the rest.
-        self.evict_into(n - ids.len(), &mut ids, on_evicted);
+        while ids.len() < n {
+            // `available` counted every cached block, so this always finds one.
+            let Some((id, hash)) = self.evict_one() else {
+                break;
+            };
+            on_evicted(hash);
+            ids.push(id);
+        }
         if ids.len() < n {
             let available = ids.len();
             for id in ids {
@@ -305,50 +311,10 @@ impl PoolState {
         out
     }
 
-    /// Evicts up to `n` victims in policy order, appending them to `ids`
-    /// (each unregistered, `Free` but off the free list) and their hashes
-    /// to `on_evicted`.
-    ///
-    /// Two passes: the victims first (the eviction order's walk), then
-    /// their slots and registry entries. Each victim's slot and table
-    /// bucket is a cache miss in a large pool, and in the second pass no
-    /// victim's work waits for another's, so the processor overlaps those
-    /// misses instead of taking them one after another.
-    fn evict_into(
-        &mut self,
-        n: usize,
-        ids: &mut Vec<BlockId>,
-        mut on_evicted: impl FnMut(SequenceHash),
-    ) {
-        if self.inactive.tracks_lineage() {
-            // Lineage eviction's next victim depends on this one's removal
-            // (its parent may become a leaf): one at a time.
-            for _ in 0..n {
-                let Some((id, hash)) = self.evict_one() else {
-                    break;
-                };
-                on_evicted(hash);
-                ids.push(id);
-            }
-            return;
-        }
-        let start = ids.len();
-        ids.extend(std::iter::from_fn(|| self.inactive.evict()).take(n));
-        for &id in &ids[start..] {
-            on_evicted(self.unregister_victim(id));
-        }
-    }
-
     /// Evicts the policy's victim: unregisters it and leaves it `Free` but off
     /// the free list, for the caller to hand out or push.
     fn evict_one(&mut self) -> Option<(BlockId, SequenceHash)> {
         let id = self.inactive.evict()?;
-        Some((id, self.unregister_victim(id)))
-    }
-
-    /// Unregisters `id`, just taken from the inactive pool; its hash.
-    #[inline]
-    fn unregister_victim(&mut self, id: BlockId) -> SequenceHash {
         let slot = &mut self.slots[id.index()];
         debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
         let hash = slot.hash();
@@ -360,7 +326,7 @@ impl PoolState {
         if let Some(events) = &mut self.events {
             events.removed(hash.value());
         }
-        hash
+        Some((id, hash))
     }
 
     /// A `MutableBlock` or `CompleteBlock` was dropped.
