@@ -115,12 +115,7 @@ impl BlockSequence {
             return Err(SequenceError::ZeroBlockSize);
         }
         let mut hashes = Vec::with_capacity(tokens.len() / block_size);
-        let mut previous = None;
-        for block in tokens.chunks_exact(block_size) {
-            let hash = chain(previous, salt, block);
-            hashes.push(hash);
-            previous = Some(hash);
-        }
+        chain_blocks(&mut hashes, salt, tokens, block_size);
         Ok(hashes)
     }
 
@@ -224,22 +219,28 @@ impl BlockSequence {
         if full <= hashed {
             return;
         }
-        // One pass: parking block hashes for a second, chaining pass measured
-        // slower than letting the CPU overlap each block's hash with the
-        // previous chain step.
         self.hashes.reserve(full - hashed);
         let pending = &self.tokens[hashed * self.block_size..full * self.block_size];
-        let mut previous = self.hashes.last().copied();
-        for block in pending.chunks_exact(self.block_size) {
-            let hash = chain(previous, self.salt, block);
-            self.hashes.push(hash);
-            previous = Some(hash);
-        }
+        chain_blocks(&mut self.hashes, self.salt, pending, self.block_size);
     }
 
     /// The hash of the block after the last hashed one, holding `tokens`.
     fn next_hash(&self, tokens: &[u32]) -> SequenceHash {
         chain(self.hashes.last().copied(), self.salt, tokens)
+    }
+}
+
+/// Appends to `hashes` the hashes of the full blocks of `tokens`, chained
+/// onto the last hash in `hashes` (or first, under `salt`).
+fn chain_blocks(hashes: &mut Vec<SequenceHash>, salt: Salt, tokens: &[u32], block_size: usize) {
+    // One pass: parking block hashes for a second, chaining pass measured
+    // slower than letting the CPU overlap each block's hash with the
+    // previous chain step.
+    let mut previous = hashes.last().copied();
+    for block in tokens.chunks_exact(block_size) {
+        let hash = chain(previous, salt, block);
+        hashes.push(hash);
+        previous = Some(hash);
     }
 }
 
