@@ -115,7 +115,10 @@ impl<M> SchedulableSequence<M> {
         // Idle: the blocks below `kv_position / block_size` are exactly the
         // assigned ones, so the match continues right after them.
         let from = self.kv_position / block_size;
-        debug_assert_eq!(from, self.inner.assigned_blocks());
+        debug_assert_eq!(
+            from,
+            self.inner.skipped_blocks() + self.inner.assigned_blocks()
+        );
         let cap = self.inner.total_tokens().saturating_sub(1) / block_size;
         let Some(hashes) = self.inner.sequence().sequence_hashes().get(from..cap) else {
             return Ok(0); // `cap <= from`: nothing may be matched

@@ -102,6 +102,18 @@ pub enum ScheduleError {
         /// Blocks held.
         held: usize,
     },
+    /// [`take_hit`](crate::SchedulableSequence::take_hit) with blocks the
+    /// sequence cannot match: past its last full block before the last
+    /// token, or an inverted range.
+    #[error("a hit of blocks {start}..{end} is outside the {matchable} matchable blocks")]
+    HitBeyondPrompt {
+        /// First block of the hit's needed range.
+        start: usize,
+        /// End of the needed range: the hit point.
+        end: usize,
+        /// Full blocks before the last token.
+        matchable: usize,
+    },
     /// The layers below refused: a manager with another block size, or of
     /// another pool than the blocks held ([`SequenceError::BlockSizeMismatch`],
     /// [`SequenceError::ForeignManager`]), or a zero block size at

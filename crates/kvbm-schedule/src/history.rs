@@ -108,6 +108,14 @@ pub enum SequenceEvent {
         /// Blocks given back.
         count: usize,
     },
+    /// Registered blocks a layer group reads no more (behind a sliding
+    /// window or a finished local chunk) went back to the cache.
+    UnreadReleased {
+        /// Blocks given back.
+        count: usize,
+        /// `kv_position` at the release.
+        kv_position: usize,
+    },
     /// Every block was given back (registered ones stay cached).
     Released {
         /// Blocks held before the release.

@@ -133,6 +133,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Models with several KV cache groups
+//!
+//! A model whose layers attend differently (gpt-oss's sliding-window and
+//! full layers, say) is a [`GroupedSequence`]: one [`SchedulableSequence`]
+//! per [`KvCacheGroup`](kvbm_sequence::KvCacheGroup) in one shared pool,
+//! moved in lock-step, each group releasing what its layers read no more
+//! ([`SchedulableSequence::release_unread`]) and a prefix hit counted only
+//! as far as every group can serve it. Its page shows an example.
+//!
 //! # Chunked prefill
 //!
 //! Split prefill across chunks. Only the chunk that reaches the prompt's end
@@ -305,15 +314,18 @@ mod acquire;
 mod builder;
 mod decode;
 mod error;
+mod grouped;
 mod history;
 mod prefill;
 mod revert;
 mod sequence;
 mod speculative;
 mod state;
+mod window;
 
 pub use builder::SchedulableSequenceBuilder;
 pub use error::{ApplyError, ScheduleError};
+pub use grouped::GroupedSequence;
 pub use history::{EventLog, HistoryPolicy, SequenceEvent};
 pub use sequence::SchedulableSequence;
 pub use state::{DecodeOutcome, SequenceState};

@@ -11,16 +11,22 @@ use crate::{BlockSequence, SequenceError};
 /// The block handles of one sequence, in page-table order:
 ///
 /// ```text
-///  assigned (ImmutableBlocks)   staged (CompleteBlock)   unassigned (MutableBlock)
-///  blocks 0 .. a                blocks a .. a+s           a+s .. (no tokens bound yet)
-///  registered or prefix-matched full, not yet published  allocated ahead of tokens
+///  skipped        assigned (ImmutableBlocks)  staged (CompleteBlock)   unassigned (MutableBlock)
+///  blocks 0 .. k  blocks k .. k+a             k+a .. k+a+s             k+a+s .. (no tokens bound yet)
+///  released       registered or prefix-matched full, not yet published allocated ahead of tokens
 /// ```
 ///
+/// The skipped blocks are the leading ones a layer group no longer reads (a
+/// sliding window moved past them, see [`skip_to`](Self::skip_to)): their
+/// handles were released into the cache, and the page table has no block
+/// there. For full attention `k` is always 0.
+///
 /// **Invariant** (checked by [`is_consistent_with`](Self::is_consistent_with)):
-/// assigned block `i` holds the sequence's block `i` (same [`SequenceHash`]),
-/// staged block `j` holds block `a + j`, `a + s` never exceeds the full blocks
-/// of the sequence, and no block id appears twice. Every mutation here keeps
-/// it, given the sequence it is checked against.
+/// assigned block `i` holds the sequence's block `k + i` (same
+/// [`SequenceHash`]), staged block `j` holds block `k + a + j`, `k + a + s`
+/// never exceeds the full blocks of the sequence, and no block id appears
+/// twice. Every mutation here keeps it, given the sequence it is checked
+/// against.
 ///
 /// Assigned blocks are kept as one [`ImmutableBlocks`] batch, so matching,
 /// registering and releasing a whole prefix takes the pool lock once.
@@ -47,6 +53,8 @@ use crate::{BlockSequence, SequenceError};
 ///
 /// [`SequenceHash`]: kvbm_blocks::SequenceHash
 pub struct LogicalBlockAssignments<M> {
+    /// Leading blocks released because nothing reads them any more.
+    skipped: usize,
     assigned: ImmutableBlocks<M>,
     staged: Vec<CompleteBlock<M>>,
     /// Staged from the front (FIFO, in page order); released from the back
@@ -58,6 +66,7 @@ impl<M> LogicalBlockAssignments<M> {
     /// No blocks.
     pub fn new() -> Self {
         Self {
+            skipped: 0,
             assigned: ImmutableBlocks::new(),
             staged: Vec::new(),
             unassigned: VecDeque::new(),
@@ -67,6 +76,41 @@ impl<M> LogicalBlockAssignments<M> {
     /// Registered or prefix-matched blocks.
     pub fn assigned_count(&self) -> usize {
         self.assigned.len()
+    }
+
+    /// Leading blocks given back because nothing reads them any more (see
+    /// [`skip_to`](Self::skip_to)): the page table starts at this index.
+    pub fn skipped_count(&self) -> usize {
+        self.skipped
+    }
+
+    /// The index of the first block neither skipped nor assigned: where a
+    /// prefix match continues.
+    pub fn assigned_end(&self) -> usize {
+        self.skipped + self.assigned.len()
+    }
+
+    /// Releases the assigned blocks below block index `first_needed` (they
+    /// stay cached, still matchable) and counts them as skipped; returns how
+    /// many were released. Staged and unassigned blocks are never released
+    /// here. With no assigned or staged block held, the skipped prefix may
+    /// also move past blocks that were never held (a sliding-window hit
+    /// takes only the blocks before its hit point that the window reads).
+    pub fn skip_to(&mut self, first_needed: usize) -> usize {
+        let released = first_needed
+            .saturating_sub(self.skipped)
+            .min(self.assigned.len());
+        if released > 0 {
+            // Dropping the head releases it last block first, the order of
+            // vLLM's `remove_skipped_blocks`.
+            let kept = self.assigned.split_off(released);
+            drop(std::mem::replace(&mut self.assigned, kept));
+            self.skipped += released;
+        }
+        if self.assigned.is_empty() && self.staged.is_empty() {
+            self.skipped = self.skipped.max(first_needed);
+        }
+        released
     }
 
     /// Full blocks bound to their hash but not yet registered.
@@ -152,7 +196,7 @@ impl<M> LogicalBlockAssignments<M> {
                 staged: self.staged.len(),
             });
         }
-        let start = self.assigned.len();
+        let start = self.assigned_end();
         let expected = sequence
             .sequence_hashes()
             .get(start..start + blocks.len())
@@ -203,7 +247,7 @@ impl<M> LogicalBlockAssignments<M> {
         sequence: &BlockSequence,
         up_to: usize,
     ) -> Result<usize, SequenceError> {
-        let start = self.assigned.len() + self.staged.len();
+        let start = self.assigned_end() + self.staged.len();
         let end = up_to
             .min(sequence.num_blocks())
             .min(start + self.unassigned.len());
@@ -258,7 +302,7 @@ impl<M> LogicalBlockAssignments<M> {
             return Err(SequenceError::ForeignManager);
         }
         let block_size = sequence.block_size();
-        let first = self.assigned.len().saturating_mul(block_size);
+        let first = self.assigned_end().saturating_mul(block_size);
         let tokens = (sequence.tokens())
             .get(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
             .unwrap_or_default();
@@ -287,9 +331,11 @@ impl<M> LogicalBlockAssignments<M> {
     /// Shrinks to a sequence of `num_blocks` full blocks: assigned blocks
     /// past it are released (registered, so they stay cached) and staged
     /// blocks past it are reset and returned to the front of the unassigned
-    /// queue, in order, still ours.
+    /// queue, in order, still ours. A cut inside the skipped prefix moves
+    /// it back to the cut.
     pub fn truncate(&mut self, num_blocks: usize) {
-        let keep_assigned = num_blocks.min(self.assigned.len());
+        self.skipped = self.skipped.min(num_blocks);
+        let keep_assigned = (num_blocks - self.skipped).min(self.assigned.len());
         let keep_staged = (num_blocks - keep_assigned).min(self.staged.len());
         // A released assigned block would leave a hole below the staged
         // ones, so staged blocks past `keep_staged` all step back.
@@ -306,15 +352,19 @@ impl<M> LogicalBlockAssignments<M> {
     /// manager may be added (an emptied batch would stay attached to its
     /// old manager and refuse the new one's blocks).
     pub fn clear(&mut self) {
+        self.skipped = 0;
         self.unassigned.clear();
         self.staged.clear();
         self.assigned = ImmutableBlocks::new();
     }
 
-    /// Checks the invariant against `sequence`: assigned then staged blocks
-    /// hold its first full blocks in order, and no block id repeats.
+    /// Checks the invariant against `sequence`: past the skipped prefix,
+    /// assigned then staged blocks hold its full blocks in order, and no
+    /// block id repeats.
     pub fn is_consistent_with(&self, sequence: &BlockSequence) -> bool {
-        let hashes = sequence.sequence_hashes();
+        let Some(hashes) = sequence.sequence_hashes().get(self.skipped..) else {
+            return false;
+        };
         let Some((assigned, rest)) = hashes.split_at_checked(self.assigned.len()) else {
             return false;
         };
@@ -345,6 +395,7 @@ impl<M> Default for LogicalBlockAssignments<M> {
 impl<M> fmt::Debug for LogicalBlockAssignments<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LogicalBlockAssignments")
+            .field("skipped", &self.skipped)
             .field("assigned", &self.assigned.len())
             .field("staged", &self.staged.len())
             .field("unassigned", &self.unassigned.len())

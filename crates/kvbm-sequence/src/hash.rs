@@ -131,6 +131,14 @@ impl Salt {
         }
     }
 
+    /// This salt's hash function (keyed or not) with another start value.
+    pub(crate) const fn with_value(self, value: u128) -> Self {
+        Self {
+            value,
+            key: self.key,
+        }
+    }
+
     /// The value every chain of this salt starts from.
     pub const fn get(self) -> u128 {
         self.value

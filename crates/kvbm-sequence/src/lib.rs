@@ -16,6 +16,12 @@
 //!   sequence's full blocks. [`RequestSequence`] ties the two to a
 //!   [`BlockManager`](kvbm_blocks::BlockManager): match the cached prefix,
 //!   allocate, register, generate, release, reacquire, each an explicit call.
+//! - **layer groups.** [`KvCacheGroups`] describes a model whose layers
+//!   attend differently (full, sliding-window, chunked-local: an
+//!   [`AttentionKind`] per group) and holds the rules: which blocks a group
+//!   reads no more once `n` tokens are computed (a sequence gives them back
+//!   with [`RequestSequence::skip_to`]), and the longest prefix hit every
+//!   group can serve.
 //!
 //! This crate holds no scheduling policy: when to prefill, decode or preempt
 //! is `kvbm-schedule`'s business. Misuse is a [`SequenceError`], never a
@@ -57,6 +63,7 @@
 mod assignments;
 mod block_sequence;
 mod error;
+mod groups;
 mod hash;
 mod hashed_prompt;
 mod request;
@@ -66,6 +73,7 @@ mod test_support;
 pub use assignments::LogicalBlockAssignments;
 pub use block_sequence::BlockSequence;
 pub use error::SequenceError;
+pub use groups::{AttentionKind, GroupError, KvCacheGroup, KvCacheGroups};
 pub use hash::{HashKey, Salt, block_hash, chain_hash};
 pub use hashed_prompt::HashedPrompt;
 pub use request::RequestSequence;

@@ -258,7 +258,7 @@ impl<M> RequestSequence<M> {
         manager: &BlockManager<M>,
     ) -> Result<ImmutableBlocks<M>, SequenceError> {
         self.check_manager(manager)?;
-        let from = self.assignments.assigned_count();
+        let from = self.assignments.assigned_end();
         let hashes = self
             .sequence
             .sequence_hashes()
@@ -364,7 +364,7 @@ impl<M> RequestSequence<M> {
     pub fn additional_blocks_needed(&self, num_tokens: usize) -> usize {
         num_tokens
             .div_ceil(self.block_size())
-            .saturating_sub(self.assignments.len())
+            .saturating_sub(self.covered_blocks())
     }
 
     /// Gives back up to `count` unassigned blocks, most recently allocated
@@ -389,7 +389,7 @@ impl<M> RequestSequence<M> {
     /// tokens, say. Returns how many were released.
     pub fn release_unassigned_beyond(&mut self, num_tokens: usize) -> usize {
         let needed = num_tokens.div_ceil(self.block_size());
-        let excess = self.assignments.len().saturating_sub(needed);
+        let excess = self.covered_blocks().saturating_sub(needed);
         self.release_unassigned(excess)
     }
 
@@ -532,7 +532,7 @@ impl<M> RequestSequence<M> {
             });
         }
         let block_size = self.block_size();
-        let registered_tokens = self.assignments.assigned_count().saturating_mul(block_size);
+        let registered_tokens = self.assignments.assigned_end().saturating_mul(block_size);
         if len < registered_tokens && !len.is_multiple_of(block_size) {
             return Err(SequenceError::TruncateIntoRegistered {
                 len,
@@ -648,9 +648,35 @@ impl<M> RequestSequence<M> {
         self.assignments.unassigned_count()
     }
 
-    /// Full blocks with neither an assigned nor a staged block yet.
+    /// Full blocks with neither an assigned nor a staged block yet, nor
+    /// skipped.
     pub fn pending_blocks(&self) -> usize {
-        self.num_blocks() - self.assignments.assigned_count() - self.assignments.staged_count()
+        self.num_blocks() - self.assignments.assigned_end() - self.assignments.staged_count()
+    }
+
+    /// Leading blocks released because this layer group reads them no more
+    /// (see [`skip_to`](Self::skip_to)); always 0 for full attention. The
+    /// page table ([`block_ids`](Self::block_ids)) starts at this block.
+    pub fn skipped_blocks(&self) -> usize {
+        self.assignments.skipped_count()
+    }
+
+    /// Releases the registered blocks below block index `first_needed`
+    /// into the cache (still matchable, now evictable): a sliding window or
+    /// a local chunk moved past them. Returns how many were released. With
+    /// nothing registered or staged, it moves the start of the page table to
+    /// `first_needed` (a window hit takes only the blocks its window reads).
+    /// Never releases staged or unassigned blocks. See
+    /// [`AttentionKind::first_needed_block`](crate::AttentionKind::first_needed_block).
+    pub fn skip_to(&mut self, first_needed: usize) -> usize {
+        let first_needed = first_needed.min(self.num_blocks());
+        self.assignments.skip_to(first_needed)
+    }
+
+    /// Skipped plus held blocks: the token slots the page table covers,
+    /// in blocks.
+    fn covered_blocks(&self) -> usize {
+        self.assignments.skipped_count() + self.assignments.len()
     }
 
     /// Every block held: assigned, staged and unassigned.
@@ -686,7 +712,8 @@ impl<M> RequestSequence<M> {
     }
 
     /// The block ids backing the sequence, in page order (assigned, staged,
-    /// unassigned): the page table an attention kernel reads.
+    /// unassigned): the page table an attention kernel reads, from block
+    /// [`skipped_blocks`](Self::skipped_blocks) on.
     pub fn block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.assignments.block_ids()
     }

@@ -19,10 +19,7 @@ use crate::{Gpu, audit, manager, request, snapshot};
 /// Cases per fuzz test: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N`
 /// sets it), else a CI-sized default.
 fn cases() -> u32 {
-    std::env::var("KVBM_FUZZ_CASES")
-        .ok()
-        .and_then(|cases| cases.parse().ok())
-        .unwrap_or(1024)
+    crate::fuzz_cases(1024)
 }
 
 fn extreme_usize() -> impl Strategy<Value = usize> {

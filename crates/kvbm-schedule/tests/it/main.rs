@@ -3,6 +3,8 @@
 mod errors;
 #[cfg(not(kvbm_loom))]
 mod fuzz;
+#[cfg(not(kvbm_loom))]
+mod groups;
 mod history;
 mod lifecycle;
 #[cfg(not(kvbm_loom))]
@@ -73,6 +75,15 @@ pub(crate) fn snapshot(seq: &SchedulableSequence<Gpu>, manager: &BlockManager<Gp
         audit: audit(manager),
         available: manager.available_blocks(),
     }
+}
+
+/// Cases per fuzz test: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N`
+/// sets it), else `default`, sized for CI.
+pub(crate) fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("KVBM_FUZZ_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Table-test helper: `actual` must equal `expected`, labelled by `case`.

@@ -1,0 +1,388 @@
+//! [`GroupedSequence`]: one request of a model with several KV cache
+//! groups (full, sliding-window and chunked-local layers), driven through
+//! the same schedule/apply protocol as a [`SchedulableSequence`].
+
+use std::sync::Arc;
+
+use kvbm_blocks::{BlockId, BlockManager};
+use kvbm_sequence::{KvCacheGroups, Salt};
+
+use crate::{ApplyError, DecodeOutcome, HistoryPolicy, SchedulableSequence, ScheduleError};
+
+/// One request of a model whose layers form several [`KvCacheGroups`]: one
+/// [`SchedulableSequence`] per group, all in one shared pool, moved in
+/// lock-step (every group computes the same tokens in the same step).
+///
+/// What differs per group is which blocks it keeps: after each applied
+/// step, a group whose layers read no further back than a window or a
+/// chunk releases the registered blocks behind it into the cache (see
+/// [`AttentionKind::first_needed_block`](kvbm_sequence::AttentionKind::first_needed_block)),
+/// so a sliding-window group holds about `window / block_size` blocks
+/// however long the request grows. Each group caches its blocks under its
+/// own hashes ([`Salt::for_group`]); a prefix hit counts only as far as
+/// every group can serve it ([`KvCacheGroups::longest_common_hit`]).
+///
+/// Every call is all or nothing across the groups: a schedule that cannot
+/// allocate for one group gives back what the others allocated; a refused
+/// apply changes nothing. Groups advance identically, so the first group's
+/// checks stand for all.
+///
+/// Blocks released behind a window are released when a step is applied;
+/// vLLM releases them when the request next allocates. The blocks held
+/// between steps are the same; ours return to the pool one schedule
+/// earlier.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvbm_blocks::BlockManager;
+/// use kvbm_schedule::GroupedSequence;
+/// use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
+/// # struct Gpu;
+/// let groups = Arc::new(KvCacheGroups::new(4, vec![
+///     KvCacheGroup::new(AttentionKind::Full, 2),
+///     KvCacheGroup::new(AttentionKind::SlidingWindow { window: 8 }, 2),
+/// ])?);
+/// let pool = BlockManager::<Gpu>::builder().block_count(64).block_size(4).build()?;
+///
+/// let mut seq = GroupedSequence::<Gpu>::new((0..40).collect(), 4, groups.clone())?;
+/// seq.schedule_prefill(40, &pool)?;
+/// seq.apply_prefill(Some(7), &pool)?;
+/// // The full group keeps all 10 blocks; the window group only blocks 8
+/// // and 9, which hold tokens 33..40, all the next token reads. Its
+/// // blocks 0..8 went back to the cache.
+/// assert_eq!(seq.group(0).unwrap().held_blocks(), 10);
+/// assert_eq!(seq.group(1).unwrap().held_blocks(), 2);
+/// assert_eq!(seq.group(1).unwrap().inner().skipped_blocks(), 8);
+///
+/// // Another request with the same prompt skips 9 blocks in both groups
+/// // (the last token is always computed).
+/// let mut other = GroupedSequence::<Gpu>::new((0..40).collect(), 4, groups)?;
+/// assert_eq!(other.match_and_add_prefix(&pool)?, 9);
+/// assert_eq!(other.kv_position(), 36);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct GroupedSequence<M> {
+    groups: Arc<KvCacheGroups>,
+    /// One per group, index for index with `groups`.
+    sequences: Vec<SchedulableSequence<M>>,
+}
+
+/// How often a hit is looked up again when a block scanned as cached was
+/// evicted before it could be taken (another thread's allocation); after
+/// that the request computes its prompt.
+const HIT_ATTEMPTS: usize = 3;
+
+impl<M> GroupedSequence<M> {
+    /// A request with prompt `tokens` that may generate up to
+    /// `max_output_tokens` tokens, under `groups` (unsalted; see
+    /// [`with_salt`](Self::with_salt)).
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::new`].
+    pub fn new(
+        tokens: Vec<u32>,
+        max_output_tokens: usize,
+        groups: Arc<KvCacheGroups>,
+    ) -> Result<Self, ScheduleError> {
+        Self::with_salt(tokens, max_output_tokens, groups, Salt::NONE)
+    }
+
+    /// As [`new`](Self::new), with every group's hashes rooted in `salt`
+    /// ([`Salt::for_group`] of it).
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::new`].
+    pub fn with_salt(
+        tokens: Vec<u32>,
+        max_output_tokens: usize,
+        groups: Arc<KvCacheGroups>,
+        salt: Salt,
+    ) -> Result<Self, ScheduleError> {
+        let block_size = groups.block_size();
+        let sequences = (0..groups.len())
+            .map(|g| {
+                SchedulableSequence::builder(tokens.clone(), max_output_tokens, block_size)
+                    .salt(salt.for_group(g))
+                    .history(HistoryPolicy::Off)
+                    .build()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { groups, sequences })
+    }
+
+    /// The groups this request is laid out for.
+    pub fn groups(&self) -> &KvCacheGroups {
+        &self.groups
+    }
+
+    /// Group `index`'s sequence: its block table, held blocks, history.
+    pub fn group(&self, index: usize) -> Option<&SchedulableSequence<M>> {
+        self.sequences.get(index)
+    }
+
+    /// The first group's sequence: positions, tokens and state are the same
+    /// in every group.
+    fn lead(&self) -> &SchedulableSequence<M> {
+        &self.sequences[0]
+    }
+
+    /// Tokens whose KV is computed, in every group.
+    pub fn kv_position(&self) -> usize {
+        self.lead().kv_position()
+    }
+
+    /// Input plus generated tokens.
+    pub fn total_tokens(&self) -> usize {
+        self.lead().total_tokens()
+    }
+
+    /// Whether the output budget is spent.
+    pub fn is_complete(&self) -> bool {
+        self.lead().is_complete()
+    }
+
+    /// Whether prefill reached its target (decode may be scheduled).
+    pub fn is_prefill_complete(&self) -> bool {
+        self.lead().is_prefill_complete()
+    }
+
+    /// Tokens prefill still has to compute.
+    pub fn remaining_prefill_tokens(&self) -> usize {
+        self.lead().remaining_prefill_tokens()
+    }
+
+    /// Idle or the pending step, the same in every group.
+    pub fn state(&self) -> crate::SequenceState {
+        self.lead().state()
+    }
+
+    /// Every token, input then generated.
+    pub fn tokens(&self) -> &[u32] {
+        self.lead().tokens()
+    }
+
+    /// Whether the chunk completing prefill must carry the first generated
+    /// token (see [`SchedulableSequence::final_chunk_emits_token`]).
+    pub fn final_chunk_emits_token(&self) -> bool {
+        self.lead().final_chunk_emits_token()
+    }
+
+    /// Blocks held over all groups.
+    pub fn held_blocks(&self) -> usize {
+        self.sequences
+            .iter()
+            .map(SchedulableSequence::held_blocks)
+            .sum()
+    }
+
+    /// Group `index`'s page table: the index of its first block (blocks
+    /// before it were released) and the blocks from there on.
+    pub fn block_table(&self, index: usize) -> Option<(usize, Vec<BlockId>)> {
+        let seq = self.sequences.get(index)?;
+        Some((seq.inner().skipped_blocks(), seq.block_ids().collect()))
+    }
+
+    /// Takes the longest prefix every group can serve from `manager`'s
+    /// cache, capped so the last token is computed, on a sequence that
+    /// holds nothing; returns the hit in blocks (0 if it holds blocks
+    /// already: a running request keeps what it has). Each group takes
+    /// only the cached blocks its layers read.
+    ///
+    /// # Errors
+    ///
+    /// Nothing changes on error: [`ScheduleError::NotIdle`] if a step is
+    /// pending, [`ScheduleError::Sequence`] for a manager of another block
+    /// size.
+    pub fn match_and_add_prefix(
+        &mut self,
+        manager: &BlockManager<M>,
+    ) -> Result<usize, ScheduleError> {
+        if self.held_blocks() > 0 || self.kv_position() > 0 {
+            self.lead().require_idle("match_and_add_prefix")?;
+            return Ok(0);
+        }
+        let block_size = self.groups.block_size();
+        let cap = self.total_tokens().saturating_sub(1) / block_size;
+        for _ in 0..HIT_ATTEMPTS {
+            let scans: Vec<Vec<bool>> = (self.sequences.iter())
+                .map(|seq| {
+                    let hashes = seq.inner().sequence().sequence_hashes();
+                    manager.scan_matches(&hashes[..cap.min(hashes.len())])
+                })
+                .collect();
+            let views: Vec<&[bool]> = scans.iter().map(Vec::as_slice).collect();
+            let hit = self.groups.longest_common_hit(cap, &views);
+            if hit == 0 {
+                return Ok(0);
+            }
+            if self.take_hit(hit, manager)? {
+                return Ok(hit);
+            }
+        }
+        Ok(0)
+    }
+
+    /// Every group takes its needed blocks for a hit of `hit` blocks, or
+    /// (if one group's blocks were evicted since the scan) none does.
+    fn take_hit(&mut self, hit: usize, manager: &BlockManager<M>) -> Result<bool, ScheduleError> {
+        let block_size = self.groups.block_size();
+        for g in 0..self.sequences.len() {
+            let needed = self.groups.groups()[g]
+                .kind()
+                .needed_for_hit(hit, block_size);
+            match self.sequences[g].take_hit(needed, manager) {
+                Ok(true) => {}
+                outcome => {
+                    for taken in &mut self.sequences[..g] {
+                        // Idle and took only matched blocks: cannot fail.
+                        taken
+                            .release()
+                            .map_err(|_| ScheduleError::NotReleased { held: 0 })?;
+                    }
+                    return outcome;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Schedules a prefill chunk of `num_tokens` in every group, all or
+    /// nothing (see [`SchedulableSequence::schedule_prefill`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::schedule_prefill`]; a group that cannot
+    /// allocate undoes the groups scheduled before it.
+    pub fn schedule_prefill(
+        &mut self,
+        num_tokens: usize,
+        manager: &BlockManager<M>,
+    ) -> Result<(), ScheduleError> {
+        self.schedule_all(|seq| seq.schedule_prefill(num_tokens, manager))
+    }
+
+    /// Schedules a decode step in every group, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::schedule_decode`].
+    pub fn schedule_decode(&mut self, manager: &BlockManager<M>) -> Result<(), ScheduleError> {
+        self.schedule_all(|seq| seq.schedule_decode(manager))
+    }
+
+    fn schedule_all(
+        &mut self,
+        mut schedule: impl FnMut(&mut SchedulableSequence<M>) -> Result<(), ScheduleError>,
+    ) -> Result<(), ScheduleError> {
+        for g in 0..self.sequences.len() {
+            if let Err(error) = schedule(&mut self.sequences[g]) {
+                for done in &mut self.sequences[..g] {
+                    // Scheduled just now, so revertible.
+                    let _ = done.revert_schedule();
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits the scheduled prefill chunk in every group, then releases
+    /// what each group reads no more.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::apply_prefill`]; nothing changes.
+    pub fn apply_prefill(
+        &mut self,
+        token: Option<u32>,
+        manager: &BlockManager<M>,
+    ) -> Result<(), ApplyError> {
+        self.apply_all(|seq| seq.apply_prefill(token, manager))
+    }
+
+    /// Commits the scheduled decode step in every group, then releases
+    /// what each group reads no more.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::apply_decode`]; nothing changes.
+    pub fn apply_decode(
+        &mut self,
+        token: u32,
+        manager: &BlockManager<M>,
+    ) -> Result<DecodeOutcome, ApplyError> {
+        self.apply_all(|seq| seq.apply_decode(token, manager))
+    }
+
+    /// Applies to the first group (whose refusal changes nothing), then to
+    /// the others, which are in the same state and so accept too; then
+    /// each group releases its unread blocks.
+    fn apply_all<T>(
+        &mut self,
+        mut apply: impl FnMut(&mut SchedulableSequence<M>) -> Result<T, ApplyError>,
+    ) -> Result<T, ApplyError> {
+        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        let outcome = apply(lead)?;
+        for seq in rest {
+            apply(seq)?;
+        }
+        for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
+            // Idle after the apply, so this cannot be refused.
+            let _ = seq.release_unread(group.kind());
+        }
+        Ok(outcome)
+    }
+
+    /// Undoes the scheduled step in every group.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError::WrongState`] if no step is scheduled; nothing changes.
+    pub fn revert_schedule(&mut self) -> Result<(), ApplyError> {
+        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        lead.revert_schedule()?;
+        for seq in rest {
+            seq.revert_schedule()?;
+        }
+        Ok(())
+    }
+
+    /// Preempts the request: every group gives every block back
+    /// (registered ones stay cached) and `kv_position` drops to 0.
+    ///
+    /// # Errors
+    ///
+    /// [`ApplyError::WrongState`] if a step is scheduled; nothing changes.
+    pub fn release(&mut self) -> Result<(), ApplyError> {
+        for seq in &mut self.sequences {
+            seq.release()?;
+        }
+        Ok(())
+    }
+}
+
+/// `KvCacheGroups` has at least one group, so a grouped sequence has at
+/// least one sequence; reported as a refusal rather than a panic.
+fn no_groups() -> ApplyError {
+    ApplyError::WrongState {
+        operation: "apply",
+        expected: "at least one KV cache group",
+        actual: crate::SequenceState::Idle,
+    }
+}
+
+impl<M> std::fmt::Debug for GroupedSequence<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupedSequence")
+            .field("groups", &self.groups.len())
+            .field("kv_position", &self.kv_position())
+            .field("held_blocks", &self.held_blocks())
+            .finish()
+    }
+}

@@ -1,0 +1,296 @@
+//! `GroupedSequence` against a reference of attention: for every layer
+//! kind, the KV a token reads is held by its group's page table, the blocks
+//! nothing reads any more are released (exactly those), every group moves in
+//! lock-step, refusals change nothing, and the pool's census adds up; and a
+//! driver that preempts when the pool runs dry finishes every request.
+
+use std::sync::Arc;
+
+use kvbm_blocks::BlockManager;
+use kvbm_schedule::{GroupedSequence, SequenceState};
+use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
+use proptest::prelude::*;
+
+use crate::{BLOCK_SIZE, Gpu, audit, manager};
+
+/// Whether a token at `position` reads the KV of token `source`: the
+/// reference, written from the definitions, not from the crate's rules.
+fn reads(kind: AttentionKind, position: usize, source: usize) -> bool {
+    match kind {
+        AttentionKind::Full => source <= position,
+        AttentionKind::SlidingWindow { window } => source <= position && position - source < window,
+        AttentionKind::ChunkedLocal { chunk } => {
+            source <= position && source / chunk == position / chunk
+        }
+        _ => unreachable!("a kind this test does not know"),
+    }
+}
+
+fn kind() -> impl Strategy<Value = AttentionKind> {
+    prop_oneof![
+        Just(AttentionKind::Full),
+        (1..5usize).prop_map(|w| AttentionKind::SlidingWindow {
+            window: w * BLOCK_SIZE
+        }),
+        (1..5usize).prop_map(|c| AttentionKind::ChunkedLocal {
+            chunk: c * BLOCK_SIZE
+        }),
+    ]
+}
+
+fn groups() -> impl Strategy<Value = Arc<KvCacheGroups>> {
+    prop::collection::vec(kind(), 1..4).prop_map(|kinds| {
+        let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 2)).collect();
+        Arc::new(KvCacheGroups::new(BLOCK_SIZE, groups).expect("valid groups"))
+    })
+}
+
+/// Prompts that share prefixes: a common stem cut at different lengths,
+/// then a few tokens of their own.
+fn prompts() -> impl Strategy<Value = Vec<(Vec<u32>, usize)>> {
+    prop::collection::vec((0..40usize, 0..6usize, 0..10usize), 1..5).prop_map(|shapes| {
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (stem, own, max_output))| {
+                let mut prompt: Vec<u32> = (0..stem as u32).collect();
+                prompt.extend((0..own as u32).map(|t| 1000 * (i as u32 + 1) + t));
+                if prompt.is_empty() {
+                    prompt.push(7);
+                }
+                (prompt, max_output)
+            })
+            .collect()
+    })
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Match(usize),
+    Prefill(usize, usize),
+    Decode(usize),
+    Apply(usize),
+    Revert(usize),
+    Preempt(usize),
+    Restart(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let r = 0..4usize;
+    prop_oneof![
+        2 => r.clone().prop_map(Op::Match),
+        4 => (r.clone(), 1..20usize).prop_map(|(r, n)| Op::Prefill(r, n)),
+        4 => r.clone().prop_map(Op::Decode),
+        6 => r.clone().prop_map(Op::Apply),
+        1 => r.clone().prop_map(Op::Revert),
+        1 => r.clone().prop_map(Op::Preempt),
+        1 => r.prop_map(Op::Restart),
+    ]
+}
+
+/// Runs one operation; refusals are fine, the checks that follow decide.
+fn run(
+    op: &Op,
+    seqs: &mut [GroupedSequence<Gpu>],
+    prompts: &[(Vec<u32>, usize)],
+    groups: &Arc<KvCacheGroups>,
+    pool: &BlockManager<Gpu>,
+) {
+    let pick = |r: usize| r % seqs.len();
+    match *op {
+        Op::Match(r) => {
+            let _ = seqs[pick(r)].match_and_add_prefix(pool);
+        }
+        Op::Prefill(r, n) => {
+            let seq = &mut seqs[pick(r)];
+            let n = n.min(seq.remaining_prefill_tokens());
+            let _ = seq.schedule_prefill(n, pool);
+        }
+        Op::Decode(r) => {
+            let _ = seqs[pick(r)].schedule_decode(pool);
+        }
+        Op::Apply(r) => {
+            let seq = &mut seqs[pick(r)];
+            let next = 500 + seq.tokens().len() as u32;
+            match seq.state() {
+                SequenceState::PrefillScheduled { .. } => apply_prefill(seq, next, pool),
+                SequenceState::DecodeScheduled { .. } => {
+                    seq.apply_decode(next, pool)
+                        .expect("a scheduled decode applies");
+                }
+                _ => {}
+            }
+        }
+        Op::Revert(r) => {
+            let _ = seqs[pick(r)].revert_schedule();
+        }
+        Op::Preempt(r) => {
+            let _ = seqs[pick(r)].release();
+        }
+        Op::Restart(r) => {
+            let r = pick(r);
+            let (prompt, max_output) = &prompts[r];
+            seqs[r] =
+                GroupedSequence::new(prompt.clone(), *max_output, groups.clone()).expect("valid");
+        }
+    }
+}
+
+/// Applies the scheduled prefill chunk with or without a token, whichever
+/// it calls for: the wrong one is refused and must change nothing.
+fn apply_prefill(seq: &mut GroupedSequence<Gpu>, next: u32, pool: &BlockManager<Gpu>) {
+    let before = (seq.kv_position(), seq.held_blocks(), seq.tokens().to_vec());
+    if seq.apply_prefill(None, pool).is_err() {
+        assert_eq!(
+            (seq.kv_position(), seq.held_blocks(), seq.tokens().to_vec()),
+            before,
+            "a refused apply changed something"
+        );
+        seq.apply_prefill(Some(next), pool)
+            .expect("one of the two is right");
+    }
+}
+
+fn check(seqs: &[GroupedSequence<Gpu>], pool: &BlockManager<Gpu>) -> Result<(), TestCaseError> {
+    let census = audit(pool);
+    let mut held = 0;
+    for seq in seqs {
+        let kv = seq.kv_position();
+        prop_assert!(kv <= seq.total_tokens());
+        for (g, group) in seq.groups().groups().iter().enumerate() {
+            let member = seq.group(g).expect("one sequence per group");
+            let inner = member.inner();
+            // Lock-step: the same position, tokens and state in every group.
+            prop_assert_eq!(member.kv_position(), kv);
+            prop_assert_eq!(member.tokens(), seq.tokens());
+            prop_assert_eq!(member.state(), seq.state());
+            prop_assert!(inner.assignments().is_consistent_with(inner.sequence()));
+            // Exactly the blocks nothing reads any more are released.
+            let kind = group.kind();
+            let skipped = inner.skipped_blocks();
+            prop_assert_eq!(
+                skipped,
+                kind.first_needed_block(kv, BLOCK_SIZE),
+                "group {} ({})",
+                g,
+                kind
+            );
+            // Every token the next one reads is in a block the table holds.
+            let covered = skipped + inner.held_blocks();
+            for source in (0..kv).filter(|&s| reads(kind, kv, s)) {
+                let block = source / BLOCK_SIZE;
+                prop_assert!(
+                    (skipped..covered).contains(&block),
+                    "group {} ({}): token {} reads {} in block {}, table {}..{}",
+                    g,
+                    kind,
+                    kv,
+                    source,
+                    block,
+                    skipped,
+                    covered
+                );
+            }
+        }
+        held += seq.held_blocks();
+    }
+    // Shared blocks count once in the pool, once per holder here.
+    prop_assert!(census.in_use_blocks() <= held, "{census:?} vs {held} held");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases(256)))]
+
+    #[test]
+    fn groups_hold_what_attention_reads(
+        groups in groups(),
+        prompts in prompts(),
+        pool_blocks in 8..64usize,
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let pool = manager(pool_blocks);
+        let mut seqs: Vec<GroupedSequence<Gpu>> = prompts
+            .iter()
+            .map(|(p, m)| GroupedSequence::new(p.clone(), *m, groups.clone()).expect("valid"))
+            .collect();
+        for op in &ops {
+            run(op, &mut seqs, &prompts, &groups, &pool);
+            check(&seqs, &pool)?;
+        }
+        drop(seqs);
+        prop_assert_eq!(audit(&pool).in_use_blocks(), 0);
+    }
+
+    /// A first-come-first-served driver that preempts the newest running
+    /// request when a step cannot allocate finishes every request, when the
+    /// pool fits any one of them alone.
+    #[test]
+    fn every_request_that_fits_finishes(
+        groups in groups(),
+        prompts in prompts(),
+        chunk in 1..12usize,
+        spare in 0..8usize,
+    ) {
+        let fits_alone = prompts
+            .iter()
+            .map(|(p, m)| (p.len() + m).div_ceil(BLOCK_SIZE) + 1)
+            .max()
+            .unwrap_or(1)
+            * groups.len();
+        let pool = manager(fits_alone + spare);
+        let mut seqs: Vec<GroupedSequence<Gpu>> = prompts
+            .iter()
+            .map(|(p, m)| GroupedSequence::new(p.clone(), *m, groups.clone()).expect("valid"))
+            .collect();
+        let mut finished = vec![false; seqs.len()];
+        let mut steps = 0;
+        while finished.iter().any(|f| !f) {
+            steps += 1;
+            prop_assert!(steps < 10_000, "no progress: {seqs:?}");
+            for r in 0..seqs.len() {
+                if finished[r] {
+                    continue;
+                }
+                if seqs[r].held_blocks() == 0 && seqs[r].kv_position() == 0 {
+                    seqs[r].match_and_add_prefix(&pool).expect("idle");
+                }
+                // Earlier requests come first: while the step cannot
+                // allocate, preempt the last request after this one that
+                // holds blocks, then retry; with none left, wait.
+                let scheduled = loop {
+                    let seq = &mut seqs[r];
+                    let attempt = if seq.is_prefill_complete() {
+                        seq.schedule_decode(&pool)
+                    } else {
+                        seq.schedule_prefill(chunk.min(seq.remaining_prefill_tokens()), &pool)
+                    };
+                    if attempt.is_ok() {
+                        break true;
+                    }
+                    match (r + 1..seqs.len()).rev().find(|&v| seqs[v].held_blocks() > 0) {
+                        Some(victim) => seqs[victim].release().expect("idle"),
+                        None => break false,
+                    }
+                };
+                let seq = &mut seqs[r];
+                if !scheduled {
+                    seq.release().expect("idle");
+                    continue;
+                }
+                let next = 900 + seq.tokens().len() as u32;
+                if let SequenceState::PrefillScheduled { .. } = seq.state() {
+                    apply_prefill(seq, next, &pool);
+                } else {
+                    seq.apply_decode(next, &pool).expect("scheduled");
+                }
+                if seq.is_complete() && seq.is_prefill_complete() {
+                    finished[r] = true;
+                    seq.release().expect("idle");
+                }
+            }
+            check(&seqs, &pool)?;
+        }
+        prop_assert_eq!(audit(&pool).in_use_blocks(), 0);
+    }
+}
