@@ -26,7 +26,7 @@ impl Default for GenerationReserve {
 }
 
 impl GenerationReserve {
-    fn tokens(self, max_new_tokens: u32) -> u32 {
+    pub(crate) fn tokens(self, max_new_tokens: u32) -> u32 {
         match self {
             GenerationReserve::Full => max_new_tokens,
             GenerationReserve::Capped(cap) => max_new_tokens.min(cap),

@@ -164,6 +164,14 @@ pub enum SchedulerError {
         /// The value given.
         value: String,
     },
+    /// KV cache groups the scheduler cannot run: blocks of another size
+    /// than the pool's, or combined with speculative decoding (not
+    /// supported with groups yet).
+    #[error("KV cache groups refused: {reason}")]
+    InvalidGroups {
+        /// Why.
+        reason: String,
+    },
     /// `step` was called while the previous plan still awaits `apply`.
     #[error("step {step} was planned but not applied yet")]
     StepPending {

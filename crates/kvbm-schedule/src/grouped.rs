@@ -169,6 +169,26 @@ impl<M> GroupedSequence<M> {
         self.lead().final_chunk_emits_token()
     }
 
+    /// Tokens generated so far.
+    pub fn generated_tokens(&self) -> usize {
+        self.lead().generated_tokens()
+    }
+
+    /// Tokens that may still be generated.
+    pub fn remaining_tokens(&self) -> usize {
+        self.lead().remaining_tokens()
+    }
+
+    /// Tokens per block, the same in every group.
+    pub fn block_size(&self) -> usize {
+        self.groups.block_size()
+    }
+
+    /// The sequences, one per group, in group order.
+    pub fn sequences(&self) -> &[SchedulableSequence<M>] {
+        &self.sequences
+    }
+
     /// Blocks held over all groups.
     pub fn held_blocks(&self) -> usize {
         self.sequences
@@ -288,6 +308,33 @@ impl<M> GroupedSequence<M> {
         Ok(())
     }
 
+    /// Schedules a speculative decode step in every group, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::schedule_speculative`].
+    pub fn schedule_speculative(
+        &mut self,
+        num_draft_tokens: usize,
+        manager: &BlockManager<M>,
+    ) -> Result<(), ScheduleError> {
+        self.schedule_all(|seq| seq.schedule_speculative(num_draft_tokens, manager))
+    }
+
+    /// Commits the scheduled speculative step in every group (the same
+    /// accepted tokens), then releases what each group reads no more.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::apply_speculative`]; nothing changes.
+    pub fn apply_speculative(
+        &mut self,
+        accepted: &[u32],
+        manager: &BlockManager<M>,
+    ) -> Result<DecodeOutcome, ApplyError> {
+        self.apply_all(|seq| seq.apply_speculative(accepted, manager))
+    }
+
     /// Commits the scheduled prefill chunk in every group, then releases
     /// what each group reads no more.
     ///
@@ -351,6 +398,22 @@ impl<M> GroupedSequence<M> {
             seq.revert_schedule()?;
         }
         Ok(())
+    }
+
+    /// After a [`release`](Self::release), takes the longest prefix every
+    /// group can serve again (as [`match_and_add_prefix`](Self::match_and_add_prefix));
+    /// the rest is recomputed by prefill chunks.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::NotReleased`] if blocks are still held; as
+    /// [`match_and_add_prefix`](Self::match_and_add_prefix) otherwise.
+    pub fn reacquire(&mut self, manager: &BlockManager<M>) -> Result<usize, ScheduleError> {
+        let held = self.held_blocks();
+        if held > 0 {
+            return Err(ScheduleError::NotReleased { held });
+        }
+        self.match_and_add_prefix(manager)
     }
 
     /// Preempts the request: every group gives every block back

@@ -1,8 +1,9 @@
 //! Admission: waiting requests become running ones, in queue order, within the step's limits.
 
-use kvbm_schedule::{HistoryPolicy, SchedulableSequence, ScheduleError};
+use kvbm_schedule::{GroupedSequence, HistoryPolicy, SchedulableSequence, ScheduleError};
 use tracing::{debug, debug_span};
 
+use super::kv::RequestKv;
 use super::running::Running;
 use super::{FinishReason, InferenceRequest, Parked, Preemption, Scheduler, StepPlan};
 use crate::{Admitted, Request, Selection};
@@ -53,9 +54,16 @@ impl<M> Scheduler<M> {
             return;
         }
         let blocks = self.admission_room();
+        // With groups the queue's estimates are not the groups' needs:
+        // `admission_cost` judges each candidate.
+        let select = if self.groups.is_some() {
+            u64::MAX
+        } else {
+            blocks
+        };
         let mut candidates = self
             .queue
-            .select_batch(slots, blocks)
+            .select_batch(slots, select)
             .split_off(0)
             .into_iter();
         let mut room = blocks;
@@ -93,6 +101,17 @@ impl<M> Scheduler<M> {
     ) -> Option<u64> {
         let id = admitted.id();
         match self.parked.get(&id).map(|p| self.resume_blocks(&p.seq)) {
+            None if self.groups.is_some() => {
+                let request = admitted.request();
+                let tokens = request.prompt().len() as u64;
+                let cost = self.grouped_blocks(tokens, request.max_new_tokens());
+                if cost.is_none() {
+                    debug!(%id, "request does not fit the block pool in its KV cache groups");
+                    plan.finished
+                        .push(self.exit(id, FinishReason::CapacityExceeded, 0));
+                }
+                cost
+            }
             None => Some(admitted.blocks()),
             Some(Some(cost)) => Some(cost),
             Some(None) => {
@@ -279,7 +298,11 @@ impl<M> Scheduler<M> {
     /// may still generate, capped at the whole pool, so that it is admitted
     /// once the pool is free rather than waiting at the head of the line
     /// forever; `None` if its current length alone exceeds the pool.
-    pub(super) fn resume_blocks(&self, seq: &SchedulableSequence<M>) -> Option<u64> {
+    pub(super) fn resume_blocks(&self, seq: &RequestKv<M>) -> Option<u64> {
+        if self.groups.is_some() {
+            let remaining = u32::try_from(seq.remaining_tokens()).unwrap_or(u32::MAX);
+            return self.grouped_blocks(seq.total_tokens() as u64, remaining);
+        }
         let pool = self.manager.total_blocks() as u64;
         let block_size = self.manager.block_size() as u64;
         if (seq.total_tokens() as u64).div_ceil(block_size) > pool {
@@ -290,6 +313,36 @@ impl<M> Scheduler<M> {
             u32::try_from(seq.remaining_tokens()).unwrap_or(u32::MAX),
         );
         Some(cost.min(pool))
+    }
+
+    /// Blocks a request of `tokens` tokens that may generate `remaining`
+    /// more is charged over its KV cache groups: a full-attention group its
+    /// tokens plus the generation reserve (as without groups), a window or
+    /// chunk group at most its span, one prefill chunk and a block for the
+    /// tail, which is all it ever holds. Capped at the pool; `None` if even
+    /// its least need (without the reserve) exceeds the pool.
+    fn grouped_blocks(&self, tokens: u64, remaining: u32) -> Option<u64> {
+        let groups = self.groups.as_deref()?;
+        let pool = self.manager.total_blocks() as u64;
+        let block_size = self.manager.block_size() as u64;
+        let chunk_blocks = (self.config.chunk_size as u64).div_ceil(block_size);
+        let reserve = self.queue.config().reserve().tokens(remaining);
+        let need = |tokens: u64| -> u64 {
+            let full = tokens.div_ceil(block_size);
+            (groups.groups().iter())
+                .map(|group| match group.kind().span() {
+                    None => full,
+                    Some(span) => {
+                        let most = (span as u64).div_ceil(block_size) + chunk_blocks + 1;
+                        full.min(most)
+                    }
+                })
+                .fold(0u64, u64::saturating_add)
+        };
+        if need(tokens) > pool {
+            return None;
+        }
+        Some(need(tokens.saturating_add(u64::from(reserve))).min(pool))
     }
 
     /// The sequence of an admitted request, holding its cached prefix: a
@@ -311,19 +364,40 @@ impl<M> Scheduler<M> {
         let headroom = (request.max_new_tokens() as usize).min(GENERATION_HEADROOM);
         let max_output = request.max_new_tokens() as usize;
         let block_size = self.manager.block_size();
+        if let Some(groups) = &self.groups {
+            let mut tokens = Vec::with_capacity(request.prompt().len().saturating_add(headroom));
+            tokens.extend_from_slice(request.prompt());
+            let mut seq = RequestKv::Groups(GroupedSequence::with_salt(
+                tokens,
+                max_output,
+                groups.clone(),
+                request.salt(),
+            )?);
+            seq.match_and_add_prefix(&self.manager)?;
+            return Ok(Parked {
+                seq,
+                admitted_before: false,
+                onboard: false,
+            });
+        }
         let hashed = (request.hashed_prompt()).filter(|p| p.fits(block_size, request.salt()));
         let mut seq = match hashed {
-            Some(prompt) => {
-                SchedulableSequence::from_hashed(prompt, max_output, headroom, HistoryPolicy::Off)
-            }
+            Some(prompt) => RequestKv::One(SchedulableSequence::from_hashed(
+                prompt,
+                max_output,
+                headroom,
+                HistoryPolicy::Off,
+            )),
             None => {
                 let mut tokens =
                     Vec::with_capacity(request.prompt().len().saturating_add(headroom));
                 tokens.extend_from_slice(request.prompt());
-                SchedulableSequence::builder(tokens, max_output, block_size)
-                    .salt(request.salt())
-                    .history(HistoryPolicy::Off)
-                    .build()?
+                RequestKv::One(
+                    SchedulableSequence::builder(tokens, max_output, block_size)
+                        .salt(request.salt())
+                        .history(HistoryPolicy::Off)
+                        .build()?,
+                )
             }
         };
         seq.match_and_add_prefix(&self.manager)?;

@@ -58,7 +58,7 @@ impl<M> Scheduler<M> {
                 continue;
             };
             if offloading {
-                registered.push((i, running.seq.assigned_blocks()));
+                registered.push((i, running.seq.lead().assigned_blocks()));
             }
             match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
                 Ok(None) => {}

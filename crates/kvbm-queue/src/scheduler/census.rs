@@ -148,7 +148,7 @@ impl<M> Scheduler<M> {
             if self.queue.contains(running.id()) {
                 return fail(format!("{} is both running and waiting", running.id()));
             }
-            held.extend(running.seq.block_ids());
+            held.extend(running.seq.all_block_ids());
         }
         for onboarding in &self.onboarding {
             if self.queue.contains(onboarding.admitted.id()) {
@@ -157,7 +157,7 @@ impl<M> Scheduler<M> {
                     onboarding.admitted.id()
                 ));
             }
-            held.extend(onboarding.parked.seq.block_ids());
+            held.extend(onboarding.parked.seq.all_block_ids());
             for loaded in &onboarding.loaded {
                 held.extend(loaded.block_ids());
             }

@@ -31,9 +31,34 @@ impl<M> Scheduler<M> {
         self.find(id).is_some()
     }
 
-    /// The full block table of a running request (its page indices in order).
+    /// The full block table of a running request (its page indices in
+    /// order); with KV cache groups, the first group's held entries (see
+    /// [`group_block_table`](Self::group_block_table)).
     pub fn block_table(&self, id: RequestId) -> Option<Vec<BlockId>> {
-        Some(self.find(id)?.seq.block_ids().collect())
+        Some(self.find(id)?.seq.lead().block_ids().collect())
+    }
+
+    /// A running request's table in KV cache group `group`
+    /// ([`with_kv_groups`](Self::with_kv_groups)): the index of its first
+    /// held entry (a window group released those before) and the blocks
+    /// from there on. Group 0 of a model without groups is
+    /// [`block_table`](Self::block_table) from entry 0.
+    pub fn group_block_table(&self, id: RequestId, group: usize) -> Option<(usize, Vec<BlockId>)> {
+        let seq = self.find(id)?.seq.sequences().get(group)?;
+        Some((seq.inner().skipped_blocks(), seq.block_ids().collect()))
+    }
+
+    /// Blocks the running requests hold in each KV cache group (one entry
+    /// without groups): what each group's layers take of the pool now.
+    pub fn held_blocks_by_group(&self) -> Vec<usize> {
+        let groups = self.groups.as_ref().map_or(1, |groups| groups.len());
+        let mut held = vec![0; groups];
+        for running in &self.running {
+            for (count, seq) in held.iter_mut().zip(running.seq.sequences()) {
+                *count += seq.held_blocks();
+            }
+        }
+        held
     }
 
     /// Tokens of a running request so far (prompt and generated).
@@ -94,7 +119,11 @@ impl<M> Scheduler<M> {
         let mut position = start;
         // Scheduled work always has its blocks allocated; a table shorter
         // than the work (never expected) pads instead of panicking.
-        let mut pages = running.seq.block_ids().skip(start / block_size);
+        let lead = running.seq.lead();
+        let first = lead.inner().skipped_blocks();
+        let mut pages = lead
+            .block_ids()
+            .skip((start / block_size).saturating_sub(first));
         while position < end {
             let page_end = (position / block_size + 1)
                 .saturating_mul(block_size)

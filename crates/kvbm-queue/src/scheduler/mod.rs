@@ -5,6 +5,7 @@ mod admission;
 mod apply;
 mod census;
 mod config;
+mod kv;
 mod live;
 mod lookups;
 mod onboard;
@@ -18,20 +19,22 @@ mod telemetry;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use kvbm_blocks::BlockManager;
-use kvbm_schedule::SchedulableSequence;
+use kvbm_sequence::KvCacheGroups;
 use kvbm_tiers::Tiers;
 
 pub use self::census::Census;
 pub use self::config::{Preemption, SchedulerConfig};
+use self::kv::RequestKv;
 use self::live::LiveIds;
 pub use self::live::SubmitHandle;
 pub use self::lookups::PAD_SLOT;
 use self::onboard::Onboarding;
 pub use self::onboard::{LinkCost, LoadCost, OnboardStats, TiersConfig};
 pub use self::plan::{
-    DecodeWork, EngineOutput, Finished, PrefillWork, RolledBack, StepPlan, StepReport,
+    DecodeWork, EngineOutput, Finished, GroupBlocks, PrefillWork, RolledBack, StepPlan, StepReport,
 };
 pub use self::request::{FinishReason, InferenceRequest, RequestId};
 use self::running::Scratch;
@@ -103,6 +106,8 @@ pub struct Scheduler<M> {
     /// admission order.
     onboarding: Vec<Onboarding<M>>,
     onboard_stats: OnboardStats,
+    /// The model's KV cache groups; `None` for one full-attention group.
+    groups: Option<Arc<KvCacheGroups>>,
 }
 
 /// The engine's outputs of one step, by request (a fast hasher: ids are ours).
@@ -112,7 +117,7 @@ type OutputIndex = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// A waiting request's sequence, holding no blocks.
 struct Parked<M> {
-    seq: SchedulableSequence<M>,
+    seq: RequestKv<M>,
     /// Whether it was admitted before (so a later admission is a
     /// resumption, not its first: prefix-cache queries count only first
     /// admissions).
@@ -158,6 +163,17 @@ impl<M> Scheduler<M> {
     /// `chunk_size` is 0, or [`SchedulerError::Queue`] if the waiting queue
     /// refuses the geometry.
     pub fn new(manager: BlockManager<M>, config: SchedulerConfig) -> Result<Self, SchedulerError> {
+        let capacity = manager.total_blocks() as u64;
+        Self::build(manager, config, capacity)
+    }
+
+    /// [`new`](Self::new) with a queue that refuses requests costing more
+    /// than `queue_capacity` blocks.
+    fn build(
+        manager: BlockManager<M>,
+        config: SchedulerConfig,
+        queue_capacity: u64,
+    ) -> Result<Self, SchedulerError> {
         for (field, value) in [
             ("max_running", config.max_running),
             ("token_budget", config.token_budget),
@@ -168,7 +184,7 @@ impl<M> Scheduler<M> {
             }
         }
         let block_tokens = u32::try_from(manager.block_size()).unwrap_or(u32::MAX);
-        let queue_config = QueueConfig::new(block_tokens, manager.total_blocks() as u64)
+        let queue_config = QueueConfig::new(block_tokens, queue_capacity)
             .with_reserve(config.reserve)
             .with_selection(config.selection)
             .with_aging(config.aging);
@@ -192,7 +208,69 @@ impl<M> Scheduler<M> {
             tiers_config: TiersConfig::new(Vec::new()),
             onboarding: Vec::new(),
             onboard_stats: OnboardStats::default(),
+            groups: None,
         })
+    }
+
+    /// A scheduler over `manager`'s pool for a model whose layers form
+    /// several KV cache groups (sliding-window, chunked-local and full
+    /// attention layers): each request holds one block table per group in
+    /// the shared pool, a group releases the blocks its layers read no more
+    /// as the request advances, a prefix hit counts as far as every group
+    /// serves it, and admission charges each group's own need (a
+    /// sliding-window group about `window / block_size` blocks plus a
+    /// chunk's, not the whole prompt). Each planned request lists its
+    /// groups' table updates in [`PrefillWork::groups`] /
+    /// [`DecodeWork::groups`]. One full-attention group is exactly
+    /// [`new`](Self::new).
+    ///
+    /// A request whose groups' least need (its full-attention tables, its
+    /// windows and one chunk) exceeds the pool cannot run: it finishes at
+    /// admission with [`FinishReason::CapacityExceeded`] (the waiting queue
+    /// cannot judge it, so it does not refuse it at submit).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`SchedulerError::InvalidGroups`] for groups
+    /// over another block size than the pool's, or with speculative
+    /// decoding configured (not supported with groups yet).
+    pub fn with_kv_groups(
+        manager: BlockManager<M>,
+        config: SchedulerConfig,
+        groups: Arc<KvCacheGroups>,
+    ) -> Result<Self, SchedulerError> {
+        if groups.block_size() != manager.block_size() {
+            return Err(SchedulerError::InvalidGroups {
+                reason: format!(
+                    "{}-token blocks in a pool of {}-token blocks",
+                    groups.block_size(),
+                    manager.block_size()
+                ),
+            });
+        }
+        let one_full = groups.len() == 1 && groups.is_full_attention_only();
+        if !one_full && config.speculative_tokens > 0 {
+            return Err(SchedulerError::InvalidGroups {
+                reason: "speculative decoding with several KV cache groups is not supported yet"
+                    .to_owned(),
+            });
+        }
+        if one_full {
+            return Self::new(manager, config);
+        }
+        // The queue's estimate is one full-attention table: it would refuse
+        // long prompts a window group fits. Admission charges each group's
+        // own need and ends a request that cannot fit at all
+        // (`FinishReason::CapacityExceeded`).
+        let mut scheduler = Self::build(manager, config, u64::MAX)?;
+        scheduler.groups = Some(groups);
+        Ok(scheduler)
+    }
+
+    /// The model's KV cache groups, if it has any but one full-attention
+    /// group ([`with_kv_groups`](Self::with_kv_groups)).
+    pub fn kv_groups(&self) -> Option<&KvCacheGroups> {
+        self.groups.as_deref()
     }
 
     /// A scheduler over `manager`'s pool (the device tier) with tiers below

@@ -84,6 +84,35 @@ pub struct PrefillWork {
     pub new_blocks: Vec<BlockId>,
     /// Whether the table starts fresh this step.
     pub resumed: bool,
+    /// With several KV cache groups ([`Scheduler::with_kv_groups`](crate::Scheduler::with_kv_groups)),
+    /// each group's table update, in group order (`new_blocks` repeats the
+    /// first's); empty for a model of one full-attention group.
+    pub groups: Vec<GroupBlocks>,
+}
+
+/// One KV cache group's part of a request's table update.
+///
+/// A group whose layers read no further back than a window or a chunk
+/// releases the blocks behind it: its table's entries before
+/// `first_block` are no longer the request's (the attention kernel never
+/// reads them; a fresh table has no block there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupBlocks {
+    /// The first table entry the group still holds.
+    pub first_block: usize,
+    /// Blocks to append to the group's table; with `resumed`, the whole
+    /// table from `first_block` on.
+    pub new_blocks: Vec<BlockId>,
+}
+
+impl GroupBlocks {
+    pub(crate) fn new(first_block: usize, new_blocks: Vec<BlockId>) -> Self {
+        Self {
+            first_block,
+            new_blocks,
+        }
+    }
 }
 
 /// A decode step: compute the KV of the token at `position` (and, with
@@ -111,6 +140,8 @@ pub struct DecodeWork {
     pub new_blocks: Vec<BlockId>,
     /// Whether the table starts fresh this step.
     pub resumed: bool,
+    /// Each KV cache group's table update, as [`PrefillWork::groups`].
+    pub groups: Vec<GroupBlocks>,
 }
 
 impl DecodeWork {

@@ -4,9 +4,10 @@
 use kvbm_blocks::{BlockId, BlockManager};
 use kvbm_schedule::{ApplyError, SchedulableSequence, ScheduleError, SequenceState};
 
+use super::kv::RequestKv;
 use super::{
-    DecodeWork, EngineOutput, FinishReason, InferenceRequest, PrefillWork, RequestId, RolledBack,
-    StepPlan, StepReport,
+    DecodeWork, EngineOutput, FinishReason, GroupBlocks, InferenceRequest, PrefillWork, RequestId,
+    RolledBack, StepPlan, StepReport,
 };
 use crate::{Admitted, Priority};
 
@@ -66,7 +67,7 @@ pub(super) struct Limits {
 pub(super) struct Running<M> {
     /// Its place in the waiting queue, to go back to if preempted.
     pub(super) admitted: Admitted<InferenceRequest>,
-    pub(super) seq: SchedulableSequence<M>,
+    pub(super) seq: RequestKv<M>,
     /// Admission order: later admissions are preempted first.
     pub(super) admission: u64,
     pub(super) work: Option<Work>,
@@ -79,7 +80,7 @@ pub(super) struct Running<M> {
 impl<M> Running<M> {
     pub(super) fn new(
         admitted: Admitted<InferenceRequest>,
-        seq: SchedulableSequence<M>,
+        seq: RequestKv<M>,
         admission: u64,
     ) -> Self {
         Self {
@@ -112,7 +113,7 @@ impl<M> Running<M> {
     /// next prefill chunk while the prompt (or a recomputation) is
     /// incomplete; `None` if the budget allows nothing.
     pub(super) fn schedule_seq(
-        seq: &mut SchedulableSequence<M>,
+        seq: &mut RequestKv<M>,
         manager: &BlockManager<M>,
         limits: Limits,
     ) -> Result<Option<Work>, ScheduleError> {
@@ -152,11 +153,7 @@ impl<M> Running<M> {
     /// they only take blocks above the watermark, and shrink (to none)
     /// rather than make anyone wait or be preempted. Reads the pool only
     /// when drafts are configured.
-    fn speculation_room(
-        seq: &SchedulableSequence<M>,
-        manager: &BlockManager<M>,
-        limits: Limits,
-    ) -> usize {
+    fn speculation_room(seq: &RequestKv<M>, manager: &BlockManager<M>, limits: Limits) -> usize {
         if limits.draft_tokens == 0 || limits.budget == 0 {
             return 0;
         }
@@ -177,38 +174,68 @@ impl<M> Running<M> {
     /// does not know yet: new allocations sit at the end of the table.
     pub(super) fn push_work(&mut self, work: Work, plan: &mut StepPlan) {
         self.work = Some(work);
-        let held = self.seq.held_blocks();
-        let new_blocks: Vec<BlockId> = if self.resumed {
-            self.seq.block_ids().collect()
-        } else {
-            let fresh = held.saturating_sub(self.known_blocks);
-            let unassigned = self.seq.inner().assignments().unassigned();
-            let skip = unassigned.len().saturating_sub(fresh);
-            unassigned
-                .skip(skip)
-                .map(|block| block.block_id())
-                .collect()
+        let resumed = self.resumed;
+        let known = self.known_blocks;
+        let (covered, start, new_blocks, groups) = match &self.seq {
+            RequestKv::One(seq) => {
+                let held = seq.held_blocks();
+                let fresh = held.saturating_sub(known);
+                let new_blocks = Self::table_update(seq, resumed, fresh);
+                (held, seq.kv_position(), new_blocks, Vec::new())
+            }
+            RequestKv::Groups(seq) => {
+                // Every group's table covers as many blocks (released plus
+                // held): the fresh ones are the last unassigned of each.
+                let covered = self.seq.covered_blocks();
+                let fresh = covered.saturating_sub(known);
+                let groups: Vec<GroupBlocks> = (seq.sequences().iter())
+                    .map(|group| {
+                        let blocks = Self::table_update(group, resumed, fresh);
+                        GroupBlocks::new(group.inner().skipped_blocks(), blocks)
+                    })
+                    .collect();
+                let new_blocks = groups
+                    .first()
+                    .map(|g| g.new_blocks.clone())
+                    .unwrap_or_default();
+                (covered, seq.kv_position(), new_blocks, groups)
+            }
         };
-        self.known_blocks = held;
-        let resumed = std::mem::replace(&mut self.resumed, false);
+        self.known_blocks = covered;
+        self.resumed = false;
         let id = self.id();
         match work {
             Work::Prefill { tokens, emits } => plan.prefill.push(PrefillWork {
                 id,
-                start: self.seq.kv_position(),
+                start,
                 num_tokens: tokens,
                 emits_token: emits,
                 new_blocks,
                 resumed,
+                groups,
             }),
             Work::Decode | Work::Speculative { .. } => plan.decode.push(DecodeWork {
                 id,
-                position: self.seq.kv_position(),
+                position: start,
                 draft_tokens: work.drafts(),
                 new_blocks,
                 resumed,
+                groups,
             }),
         }
+    }
+
+    /// The blocks the engine learns for one table: the whole held table
+    /// when it starts fresh, else the `fresh` blocks allocated last.
+    fn table_update(seq: &SchedulableSequence<M>, resumed: bool, fresh: usize) -> Vec<BlockId> {
+        if resumed {
+            return seq.block_ids().collect();
+        }
+        let unassigned = seq.inner().assignments().unassigned();
+        let skip = unassigned.len().saturating_sub(fresh);
+        (unassigned.skip(skip))
+            .map(|block| block.block_id())
+            .collect()
     }
 
     /// Fills `ids` with the staged and unassigned blocks, in table order,
@@ -216,8 +243,13 @@ impl<M> Running<M> {
     /// speculative step (a rollback gives back the table's tail), else the
     /// first ones the step's tokens can complete. A decode step of a
     /// request with many blocks allocated ahead copies two ids, not all.
-    fn unregistered_block_ids(&self, work: Work, block_size: usize, ids: &mut Vec<BlockId>) {
-        let assignments = self.seq.inner().assignments();
+    fn unregistered_block_ids(
+        seq: &SchedulableSequence<M>,
+        work: Work,
+        block_size: usize,
+        ids: &mut Vec<BlockId>,
+    ) {
+        let assignments = seq.inner().assignments();
         let limit = match work {
             Work::Speculative { .. } => usize::MAX,
             // Staged blocks, the blocks the tokens fill (the first maybe
@@ -235,9 +267,18 @@ impl<M> Running<M> {
     /// Whether publishing blocks replaced any of them: a block whose content
     /// another request registered first is deduplicated onto that request's
     /// block (same KV), and the table entry changes.
-    fn registration_swapped_blocks(&self, registered_before: usize, before: &[BlockId]) -> bool {
-        let assigned: &[kvbm_blocks::BlockInfo] = self.seq.inner().assignments().assigned();
-        let newly = assigned.get(registered_before..).unwrap_or(&[]);
+    /// `registered_end` is the table index where the registered blocks
+    /// ended before the step (a window group may have released blocks
+    /// before it since).
+    fn registration_swapped_blocks(
+        seq: &SchedulableSequence<M>,
+        registered_end: usize,
+        before: &[BlockId],
+    ) -> bool {
+        let assignments = seq.inner().assignments();
+        let assigned: &[kvbm_blocks::BlockInfo] = assignments.assigned();
+        let start = registered_end.saturating_sub(assignments.skipped_count());
+        let newly = assigned.get(start..).unwrap_or(&[]);
         newly
             .iter()
             .zip(before)
@@ -281,9 +322,23 @@ impl<M> Running<M> {
         let Some(work) = self.work.take() else {
             return Ok(None);
         };
-        let registered_before = self.seq.assigned_blocks();
+        let lead = self.seq.lead();
+        let registered_before = lead.inner().assignments().assigned_end();
         let held_before = self.seq.held_blocks();
-        self.unregistered_block_ids(work, manager.block_size(), &mut scratch.blocks);
+        let block_size = manager.block_size();
+        Self::unregistered_block_ids(lead, work, block_size, &mut scratch.blocks);
+        if let RequestKv::Groups(seq) = &self.seq {
+            // The other groups' tables, to see whether registration swapped
+            // any of their blocks too.
+            let others = &seq.sequences()[1..];
+            scratch
+                .other_groups
+                .resize_with(others.len(), Default::default);
+            for (group, (registered, ids)) in others.iter().zip(&mut scratch.other_groups) {
+                *registered = group.inner().assignments().assigned_end();
+                Self::unregistered_block_ids(group, work, block_size, ids);
+            }
+        }
         match (work, output.token) {
             (Work::Speculative { drafts }, Some(token)) => {
                 scratch.tokens.clear();
@@ -312,7 +367,17 @@ impl<M> Running<M> {
                 return Ok(None);
             }
         }
-        if self.registration_swapped_blocks(registered_before, &scratch.blocks) {
+        let swapped =
+            Self::registration_swapped_blocks(self.seq.lead(), registered_before, &scratch.blocks)
+                || match &self.seq {
+                    RequestKv::One(_) => false,
+                    RequestKv::Groups(seq) => (seq.sequences()[1..].iter())
+                        .zip(&scratch.other_groups)
+                        .any(|(group, (registered, ids))| {
+                            Self::registration_swapped_blocks(group, *registered, ids)
+                        }),
+                };
+        if swapped {
             // The engine must learn the new table before it runs us again.
             self.resumed = true;
         }
@@ -332,6 +397,9 @@ impl<M> Running<M> {
 pub(super) struct Scratch {
     /// The unregistered tail of a table before its step is applied.
     pub(super) blocks: Vec<BlockId>,
+    /// With KV cache groups, each group's but the first's registered end
+    /// (table index) and unregistered tail before its step is applied.
+    pub(super) other_groups: Vec<(usize, Vec<BlockId>)>,
     /// A speculative step's tokens: accepted drafts, then the sampled token.
     pub(super) tokens: Vec<u32>,
     /// Requests `apply` found done, by index in `running`, with why.

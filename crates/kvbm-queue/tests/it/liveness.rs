@@ -4,29 +4,41 @@
 //! pool finishes on its own terms (`MaxTokens` or `Stop`); a request that can
 //! never fit is refused at submit or finishes with a reason, and nothing is
 //! requeued forever. With aging on, a steady stream of urgent requests does
-//! not starve a less urgent one. `cargo xtask fuzz` runs these long.
+//! not starve a less urgent one. A third of the workloads run a model of
+//! several KV cache groups (full, sliding-window and chunked-local layers):
+//! a request fits when its groups' needs do. `cargo xtask fuzz` runs these
+//! long.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
+use kvbm_blocks::BlockManager;
 use kvbm_blocks::{CacheEvent, EventMessage, EventSubscription};
+use kvbm_queue::Scheduler;
 use kvbm_queue::{
     Aging, FinishReason, Finished, GenerationReserve, InferenceRequest, Preemption, Priority,
     QueueError, RequestId, SchedulerConfig,
 };
-use kvbm_sequence::{Salt, block_hash, chain_hash};
+use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups, Salt, block_hash, chain_hash};
 use proptest::prelude::*;
 
 use super::fuzz_cases;
-use super::scheduler::{outputs, scheduler};
+use super::scheduler::{Gpu, outputs, scheduler};
 
 /// Follows the scheduler's cache events as a router would, failing on any
 /// that a router could not apply: a gap, a removal of something never
 /// stored, a store before its parent, or tokens that do not hash to the
 /// blocks they are sent with (Dynamo recomputes hashes from them).
+///
+/// With KV cache groups each group publishes its own chains, rooted in its
+/// own salt, and a window group may register a block whose parent it
+/// released and the pool evicted (vLLM's do too): `grouped` checks only the
+/// bookkeeping (nothing stored twice, nothing removed that was not stored).
 #[derive(Default)]
 struct Mirror {
     registered: HashSet<u128>,
     sequence: u64,
+    grouped: bool,
 }
 
 impl Mirror {
@@ -58,6 +70,12 @@ impl Mirror {
                 tokens,
             } => {
                 prop_assert_eq!(tokens.len(), hashes.len() * BS as usize);
+                if self.grouped {
+                    for &hash in hashes {
+                        prop_assert!(self.registered.insert(hash), "{:#x} stored twice", hash);
+                    }
+                    return Ok(());
+                }
                 prop_assert!(
                     parent.is_none_or(|p| self.registered.contains(&p)),
                     "{:#x} stored before its parent",
@@ -121,6 +139,58 @@ struct Workload {
     arrivals: Vec<Arrival>,
     /// Bit `k % 64` set: the `k`th sampled token of a step stops its request.
     stops: u64,
+    /// The model's KV cache groups, if not one full-attention group.
+    groups: Option<Arc<KvCacheGroups>>,
+}
+
+impl Workload {
+    fn scheduler(&self) -> Scheduler<Gpu> {
+        let Some(groups) = &self.groups else {
+            return scheduler(self.blocks, self.config);
+        };
+        let manager = BlockManager::builder()
+            .block_count(self.blocks)
+            .block_size(BS as usize)
+            .build()
+            .expect("valid pool");
+        Scheduler::with_kv_groups(manager, self.config, groups.clone()).expect("valid groups")
+    }
+
+    /// Blocks a request of `tokens` tokens needs at most: its whole length
+    /// in a full-attention group, its span, a chunk and the tail's block in
+    /// a window or chunk group.
+    fn need(&self, tokens: u64) -> u64 {
+        let full = tokens.div_ceil(u64::from(BS));
+        let Some(groups) = &self.groups else {
+            return full;
+        };
+        let chunk = (self.config.chunk_size as u64).div_ceil(u64::from(BS));
+        (groups.groups().iter())
+            .map(|g| match g.kind().span() {
+                None => full,
+                Some(span) => full.min((span as u64).div_ceil(u64::from(BS)) + chunk + 1),
+            })
+            .sum()
+    }
+}
+
+fn groups() -> impl Strategy<Value = Option<Arc<KvCacheGroups>>> {
+    let kind = prop_oneof![
+        Just(AttentionKind::Full),
+        (1usize..4).prop_map(|w| AttentionKind::SlidingWindow {
+            window: w * BS as usize
+        }),
+        (1usize..4).prop_map(|c| AttentionKind::ChunkedLocal {
+            chunk: c * BS as usize
+        }),
+    ];
+    prop_oneof![
+        2 => Just(None),
+        1 => prop::collection::vec(kind, 1..4).prop_map(|kinds| {
+            let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 1)).collect();
+            Some(Arc::new(KvCacheGroups::new(BS as usize, groups).expect("valid")))
+        }),
+    ]
 }
 
 /// Block size of the workloads (the shared test scheduler's).
@@ -135,14 +205,17 @@ fn workload() -> impl Strategy<Value = Workload> {
     let boost = prop_oneof![2 => Just(0u32), 1 => 1u32..5, 1 => Just(u32::MAX)];
     let spec = prop_oneof![2 => Just(0usize), 1 => 1usize..6];
     let limits = (1usize..6, 1usize..40, 1usize..40, 0usize..3, spec);
-    (2usize..16, limits, reserve, (preemption, boost))
+    (2usize..16, limits, reserve, (preemption, boost), groups())
         .prop_flat_map(
             |(
                 blocks,
                 (max_running, budget, chunk, watermark, spec),
                 reserve,
                 (preemption, boost),
+                groups,
             )| {
+                // Speculative decoding is not offered with groups yet.
+                let spec = if groups.is_some() { 0 } else { spec };
                 let config = SchedulerConfig::default()
                     .with_max_running(max_running)
                     .with_token_budget(budget)
@@ -156,16 +229,18 @@ fn workload() -> impl Strategy<Value = Workload> {
                 (
                     Just(blocks),
                     Just(config),
+                    Just(groups),
                     prop::collection::vec(arrival(pool_tokens), 1..10),
                     prop_oneof![Just(0u64), any::<u64>().prop_map(|s| s & s >> 7 & s >> 13)],
                 )
             },
         )
-        .prop_map(|(blocks, config, arrivals, stops)| Workload {
+        .prop_map(|(blocks, config, groups, arrivals, stops)| Workload {
             blocks,
             config,
             arrivals,
             stops,
+            groups,
         })
 }
 
@@ -174,9 +249,12 @@ fn workload() -> impl Strategy<Value = Workload> {
 /// bound (a livelock), or if admission ever preempts a request for one that
 /// is not strictly more urgent.
 fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseError> {
-    let mut s = scheduler(w.blocks, w.config);
+    let mut s = w.scheduler();
     let events = s.manager().subscribe_events(4096);
-    let mut mirror = Mirror::default();
+    let mut mirror = Mirror {
+        grouped: w.groups.is_some(),
+        ..Mirror::default()
+    };
     let work: u64 = w
         .arrivals
         .iter()
@@ -273,9 +351,8 @@ proptest! {
     #[test]
     fn fuzz_every_request_that_fits_finishes(w in workload()) {
         let outcomes = run_to_completion(&w)?;
-        let pool_tokens = w.blocks as u64 * u64::from(BS);
         for (a, outcome) in w.arrivals.iter().zip(outcomes) {
-            let fits = u64::from(a.prompt) + u64::from(a.max_new) <= pool_tokens;
+            let fits = w.need(u64::from(a.prompt) + u64::from(a.max_new)) <= w.blocks as u64;
             match outcome {
                 Some(done) if fits => prop_assert!(
                     matches!(done.reason, FinishReason::MaxTokens | FinishReason::Stop),

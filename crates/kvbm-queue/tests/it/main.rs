@@ -13,6 +13,8 @@ mod defects;
 mod edges;
 #[cfg(not(kvbm_loom))]
 mod fuzz;
+#[cfg(not(kvbm_loom))]
+mod groups;
 mod hashed;
 #[cfg(not(kvbm_loom))]
 mod kernels;

@@ -1,0 +1,266 @@
+//! The `Scheduler` with several KV cache groups: a window group releases
+//! what its layers read no more, the engine's per-group tables follow the
+//! plans' updates exactly, a prefix hit counts as far as every group serves
+//! it, admission charges each group's need, and bad groups are refused.
+
+use std::sync::Arc;
+
+use kvbm_blocks::{BlockId, BlockManager};
+use kvbm_queue::{
+    FinishReason, GroupBlocks, InferenceRequest, RequestId, Scheduler, SchedulerConfig,
+    SchedulerError, StepPlan,
+};
+use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
+
+use super::scheduler::{BS, Gpu, outputs};
+
+const WINDOW: usize = 8; // two blocks
+
+fn pool(blocks: usize) -> BlockManager<Gpu> {
+    BlockManager::builder()
+        .block_count(blocks)
+        .block_size(BS)
+        .build()
+        .expect("valid pool")
+}
+
+/// gpt-oss's shape in small: full-attention layers and sliding-window ones.
+fn full_and_window() -> Arc<KvCacheGroups> {
+    Arc::new(
+        KvCacheGroups::new(
+            BS,
+            vec![
+                KvCacheGroup::new(AttentionKind::Full, 2),
+                KvCacheGroup::new(AttentionKind::SlidingWindow { window: WINDOW }, 2),
+            ],
+        )
+        .expect("valid groups"),
+    )
+}
+
+fn scheduler(blocks: usize, config: SchedulerConfig) -> Scheduler<Gpu> {
+    Scheduler::with_kv_groups(pool(blocks), config, full_and_window()).expect("valid")
+}
+
+/// An engine's view of one request's table in each group, kept only from
+/// the plans' updates.
+#[derive(Default)]
+struct EngineTables(std::collections::HashMap<RequestId, Vec<(usize, Vec<BlockId>)>>);
+
+impl EngineTables {
+    fn follow(&mut self, plan: &StepPlan) {
+        let works = (plan.prefill.iter().map(|p| (p.id, p.resumed, &p.groups)))
+            .chain(plan.decode.iter().map(|d| (d.id, d.resumed, &d.groups)));
+        for (id, resumed, groups) in works {
+            let tables = self.0.entry(id).or_default();
+            if resumed {
+                tables.clear();
+            }
+            tables.resize_with(groups.len(), Default::default);
+            for (table, update) in tables.iter_mut().zip(groups) {
+                let GroupBlocks {
+                    first_block,
+                    new_blocks,
+                    ..
+                } = update;
+                if resumed {
+                    table.0 = *first_block;
+                }
+                table.1.extend(new_blocks);
+            }
+        }
+        for id in plan
+            .preempted
+            .iter()
+            .chain(plan.finished.iter().map(|f| &f.id))
+        {
+            self.0.remove(id);
+        }
+    }
+
+    /// The engine's table from `first` on, as the scheduler's: entries
+    /// before the group's first held one are stale but never read.
+    fn agrees(&self, s: &Scheduler<Gpu>, id: RequestId, groups: usize) {
+        let tables = &self.0[&id];
+        for (group, (_, blocks)) in tables.iter().enumerate().take(groups) {
+            let (first, held) = s.group_block_table(id, group).expect("running");
+            let engine_first = tables[group].0;
+            assert!(
+                engine_first <= first,
+                "group {group}: the engine's table starts past ours"
+            );
+            let from = first - engine_first;
+            assert_eq!(&blocks[from..], &held[..], "group {group} of {id}");
+        }
+    }
+}
+
+#[test]
+fn a_window_group_holds_its_window_and_the_engine_tables_follow() {
+    let mut s = scheduler(64, SchedulerConfig::default().with_chunk_size(8));
+    s.submit(InferenceRequest::new(
+        RequestId(1),
+        (0..40).collect::<Vec<u32>>(),
+        12,
+    ))
+    .unwrap();
+    let mut engine = EngineTables::default();
+    let mut most_window_blocks = 0;
+    for _ in 0..40 {
+        let plan = s.step().unwrap();
+        engine.follow(&plan);
+        for p in &plan.prefill {
+            assert_eq!(p.groups.len(), 2);
+            assert_eq!(p.groups[0].new_blocks, p.new_blocks);
+            assert_eq!(
+                p.groups[0].first_block, 0,
+                "full attention releases nothing"
+            );
+        }
+        let report = s.apply(&outputs(&plan)).unwrap();
+        s.audit().expect("conservation");
+        if let Some(id) = s.running_ids().next() {
+            engine.agrees(&s, id, 2);
+            let held = s.held_blocks_by_group();
+            most_window_blocks = most_window_blocks.max(held[1]);
+            // The window reads 7 tokens back: 2 blocks and the tail's.
+            assert!(held[1] <= WINDOW / BS + 1, "{held:?}");
+        }
+        if let Some(done) = report.finished.first() {
+            assert_eq!(done.reason, FinishReason::MaxTokens);
+            assert_eq!(done.generated_tokens, 12);
+            assert_eq!(s.manager().audit().unwrap().in_use_blocks(), 0);
+            assert!(most_window_blocks >= 2);
+            return;
+        }
+    }
+    panic!("did not finish");
+}
+
+#[test]
+fn a_prefix_hit_counts_as_far_as_every_group_serves_it() {
+    let mut s = scheduler(64, SchedulerConfig::default());
+    s.submit(InferenceRequest::new(
+        RequestId(1),
+        (0..40).collect::<Vec<u32>>(),
+        1,
+    ))
+    .unwrap();
+    while !s.is_idle() {
+        let plan = s.step().unwrap();
+        s.apply(&outputs(&plan)).unwrap();
+    }
+    // The window group released blocks 0..8 into the cache: still there,
+    // so the same prompt skips all but its last block in both groups.
+    s.submit(InferenceRequest::new(
+        RequestId(2),
+        (0..40).collect::<Vec<u32>>(),
+        1,
+    ))
+    .unwrap();
+    let before = s.census().prefix_hit_tokens;
+    let plan = s.step().unwrap();
+    assert_eq!(s.census().prefix_hit_tokens - before, 36);
+    assert_eq!(plan.prefill[0].start, 36);
+    // The window group took only the two blocks its window reads.
+    let (first, held) = s.group_block_table(RequestId(2), 1).unwrap();
+    assert_eq!((first, held.len()), (7, 3)); // blocks 7, 8 and the new 9
+    s.apply(&outputs(&plan)).unwrap();
+    s.audit().unwrap();
+}
+
+#[test]
+fn a_window_group_needs_fewer_blocks_than_full_attention() {
+    // Three 24-token prompts generating 8 tokens each in 20 blocks. Two
+    // full-attention groups need 8 blocks each per request (16); a
+    // full and a window group 8 + 3, so requests preempt each other less
+    // and the same work takes fewer steps.
+    let config = SchedulerConfig::default().with_chunk_size(4);
+    let all_full = Arc::new(
+        KvCacheGroups::new(BS, vec![KvCacheGroup::new(AttentionKind::Full, 2); 2]).unwrap(),
+    );
+    let mut runs = Vec::new();
+    for groups in [full_and_window(), all_full] {
+        let mut s = Scheduler::with_kv_groups(pool(20), config, groups).unwrap();
+        for id in 0..3u32 {
+            let prompt: Vec<u32> = (0..24).map(|t| 100 * id + t).collect();
+            s.submit(InferenceRequest::new(RequestId(id.into()), prompt, 8))
+                .unwrap();
+        }
+        let mut steps = 0;
+        let mut most_held = 0;
+        while !s.is_idle() {
+            let plan = s.step().unwrap();
+            s.apply(&outputs(&plan)).unwrap();
+            s.audit().unwrap();
+            steps += 1;
+            most_held = most_held.max(s.held_blocks_by_group().iter().sum::<usize>());
+        }
+        assert_eq!(s.census().finished, 3);
+        runs.push((steps, s.census().preemptions, most_held));
+    }
+    let (grouped, full) = (runs[0], runs[1]);
+    assert!(
+        grouped.0 < full.0,
+        "steps: grouped {grouped:?} vs all-full {full:?}"
+    );
+    assert!(
+        grouped.1 <= full.1,
+        "preemptions: grouped {grouped:?} vs all-full {full:?}"
+    );
+}
+
+#[test]
+fn a_request_whose_windows_alone_exceed_the_pool_ends_at_admission() {
+    let groups = Arc::new(
+        KvCacheGroups::new(
+            BS,
+            vec![KvCacheGroup::new(
+                AttentionKind::SlidingWindow { window: 64 },
+                1,
+            )],
+        )
+        .unwrap(),
+    );
+    let mut s = Scheduler::with_kv_groups(pool(8), SchedulerConfig::default(), groups).unwrap();
+    // 100 tokens need 16 window blocks, one chunk's and the tail's: never 8.
+    s.submit(InferenceRequest::new(
+        RequestId(1),
+        (0..100).collect::<Vec<u32>>(),
+        4,
+    ))
+    .unwrap();
+    // A short one in the same model fits.
+    s.submit(InferenceRequest::new(
+        RequestId(2),
+        (0..8).collect::<Vec<u32>>(),
+        2,
+    ))
+    .unwrap();
+    let plan = s.step().unwrap();
+    assert_eq!(plan.finished.len(), 1);
+    assert_eq!(plan.finished[0].id, RequestId(1));
+    assert_eq!(plan.finished[0].reason, FinishReason::CapacityExceeded);
+    s.apply(&outputs(&plan)).unwrap();
+    while !s.is_idle() {
+        let plan = s.step().unwrap();
+        s.apply(&outputs(&plan)).unwrap();
+    }
+    assert_eq!(s.census().finished, 1);
+    s.audit().unwrap();
+}
+
+#[test]
+fn bad_groups_are_refused() {
+    let other_size = Arc::new(KvCacheGroups::full_attention(16, 2).unwrap());
+    let refused = Scheduler::with_kv_groups(pool(8), SchedulerConfig::default(), other_size);
+    assert!(matches!(refused, Err(SchedulerError::InvalidGroups { .. })));
+    let spec = SchedulerConfig::default().with_speculative_tokens(2);
+    let refused = Scheduler::with_kv_groups(pool(8), spec, full_and_window());
+    assert!(matches!(refused, Err(SchedulerError::InvalidGroups { .. })));
+    // One full-attention group is the plain scheduler, drafts and all.
+    let one = Arc::new(KvCacheGroups::full_attention(BS, 2).unwrap());
+    let s = Scheduler::with_kv_groups(pool(8), spec, one).unwrap();
+    assert!(s.kv_groups().is_none());
+    assert_eq!(s.held_blocks_by_group(), vec![0]);
+}
