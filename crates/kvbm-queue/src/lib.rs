@@ -7,7 +7,9 @@
 //! [`RequestQueue`] that front ends feed from any thread; and the
 //! [`Scheduler`] an engine calls every step, which admits, chunks, preempts
 //! and finishes requests over all the layers (see its docs and the second
-//! example below).
+//! example below). For a model that mixes sliding-window, chunked-local and
+//! full attention, [`Scheduler::with_kv_groups`] keeps one block table per
+//! layer group and releases what each group reads no more.
 //!
 //! - **Order.** [`Priority`] `Low < Normal < High < Critical`, higher served
 //!   first; FIFO within one priority by a `u64` arrival number (optionally
