@@ -333,7 +333,10 @@ impl<M> Scheduler<M> {
                 .map(|group| match group.kind().span() {
                     None => full,
                     Some(span) => {
-                        let most = (span as u64).div_ceil(block_size) + chunk_blocks + 1;
+                        // Saturating: a chunk size of `usize::MAX` is allowed.
+                        let most = ((span as u64).div_ceil(block_size))
+                            .saturating_add(chunk_blocks)
+                            .saturating_add(1);
                         full.min(most)
                     }
                 })

@@ -73,7 +73,7 @@ impl<M> Scheduler<M> {
     pub fn request_slots(&self, id: RequestId, out: &mut Vec<u64>) -> Option<usize> {
         let running = self.find(id)?;
         let tokens = running.work?.tokens();
-        self.push_slots(running, tokens, out);
+        self.push_slots(running, 0, tokens, out);
         Some(tokens)
     }
 
@@ -90,6 +90,23 @@ impl<M> Scheduler<M> {
     /// [`SchedulerError::NoStepPending`] if no step awaits `apply`, and
     /// [`SchedulerError::StalePlan`] if `plan` is not the pending step's.
     pub fn slot_mapping(&self, plan: &StepPlan, out: &mut Vec<u64>) -> Result<(), SchedulerError> {
+        self.group_slot_mapping(plan, 0, out)
+    }
+
+    /// [`slot_mapping`](Self::slot_mapping) in KV cache group `group`
+    /// ([`with_kv_groups`](Self::with_kv_groups)): each group's layers write
+    /// their KV into that group's blocks. Group 0 is `slot_mapping`; a group
+    /// the model does not have pads every token with [`PAD_SLOT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`slot_mapping`](Self::slot_mapping).
+    pub fn group_slot_mapping(
+        &self,
+        plan: &StepPlan,
+        group: usize,
+        out: &mut Vec<u64>,
+    ) -> Result<(), SchedulerError> {
         let Some(pending) = self.pending.as_ref() else {
             return Err(SchedulerError::NoStepPending);
         };
@@ -104,26 +121,26 @@ impl<M> Scheduler<M> {
         let decode = plan.decode.iter().map(|d| (d.id, d.num_tokens()));
         for (id, tokens) in prefill.chain(decode) {
             match self.find(id).filter(|running| running.work.is_some()) {
-                Some(running) => self.push_slots(running, tokens, out),
+                Some(running) => self.push_slots(running, group, tokens, out),
                 None => out.extend(std::iter::repeat_n(PAD_SLOT, tokens)),
             }
         }
         Ok(())
     }
 
-    /// Appends the slots of positions `kv_position .. kv_position + tokens`.
-    fn push_slots(&self, running: &Running<M>, tokens: usize, out: &mut Vec<u64>) {
+    fn push_slots(&self, running: &Running<M>, group: usize, tokens: usize, out: &mut Vec<u64>) {
         let block_size = self.manager.block_size();
         let start = running.seq.kv_position();
         let end = start.saturating_add(tokens);
         let mut position = start;
         // Scheduled work always has its blocks allocated; a table shorter
         // than the work (never expected) pads instead of panicking.
-        let lead = running.seq.lead();
-        let first = lead.inner().skipped_blocks();
-        let mut pages = lead
-            .block_ids()
-            .skip((start / block_size).saturating_sub(first));
+        let Some(seq) = running.seq.sequences().get(group) else {
+            out.extend(std::iter::repeat_n(PAD_SLOT, tokens));
+            return;
+        };
+        let first = seq.inner().skipped_blocks();
+        let mut pages = (seq.block_ids()).skip((start / block_size).saturating_sub(first));
         while position < end {
             let page_end = (position / block_size + 1)
                 .saturating_mul(block_size)

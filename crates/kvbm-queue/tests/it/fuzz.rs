@@ -8,13 +8,14 @@
 //! runs these long (`KVBM_FUZZ_CASES`).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use kvbm_queue::{
     Aging, EngineOutput, GenerationReserve, InferenceRequest, KvLayout, Preemption, Priority,
     QueueConfig, QueueError, Request, RequestId, RequestQueue, Scheduler, SchedulerConfig,
     SchedulerError, Selection, StepPlan, Ticket,
 };
-use kvbm_sequence::Salt;
+use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups, Salt};
 use proptest::prelude::*;
 
 use super::scheduler::Gpu;
@@ -441,23 +442,42 @@ fn engine_outputs(plan: &StepPlan, stops: u32) -> Vec<EngineOutput> {
 }
 
 /// What a refused call must leave unchanged: the census and every running
-/// request's block table.
-type Snapshot = (kvbm_queue::Census, Vec<(RequestId, Option<Vec<u32>>)>);
+/// request's block table in every KV cache group.
+type Snapshot = (kvbm_queue::Census, Vec<(RequestId, Vec<(usize, Vec<u32>)>)>);
 
 fn snapshot(s: &Scheduler<Gpu>) -> Snapshot {
     let mut running: Vec<_> = s.running_ids().collect();
     running.sort();
+    let groups = s.kv_groups().map_or(1, |groups| groups.len());
     let tables = running
         .into_iter()
         .map(|id| {
-            (
-                id,
-                s.block_table(id)
-                    .map(|t| t.iter().map(|b| b.get()).collect()),
-            )
+            let tables = (0..groups)
+                .filter_map(|g| s.group_block_table(id, g))
+                .map(|(first, t)| (first, t.iter().map(|b| b.get()).collect()))
+                .collect();
+            (id, tables)
         })
         .collect();
     (s.census(), tables)
+}
+
+/// KV cache groups over `block_size`: one to three of any kind, spans of
+/// one to four blocks.
+fn kv_groups(block_size: usize) -> impl Strategy<Value = Arc<KvCacheGroups>> {
+    let kind = prop_oneof![
+        Just(AttentionKind::Full),
+        (1usize..5).prop_map(move |w| AttentionKind::SlidingWindow {
+            window: w * block_size
+        }),
+        (1usize..5).prop_map(move |c| AttentionKind::ChunkedLocal {
+            chunk: c * block_size
+        }),
+    ];
+    prop::collection::vec(kind, 1..4).prop_map(move |kinds| {
+        let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 1)).collect();
+        Arc::new(KvCacheGroups::new(block_size, groups).expect("valid groups"))
+    })
 }
 
 fn audited(s: &Scheduler<Gpu>) -> Result<(), TestCaseError> {
@@ -612,33 +632,71 @@ proptest! {
         (block_size, blocks, config) in sched_config(),
         ops in prop::collection::vec(sched_op(), 20..150),
     ) {
-        let manager = kvbm_blocks::BlockManager::<Gpu>::builder()
-            .block_count(blocks)
-            .block_size(block_size)
-            .build()
-            .unwrap();
-        let mut s = match Scheduler::new(manager, config) {
-            Ok(s) => s,
-            Err(error) => {
-                prop_assert!(matches!(error, SchedulerError::ZeroLimit { .. } | SchedulerError::Queue(_)), "unexpected outcome");
-                return Ok(());
-            }
-        };
-        for op in ops {
-            apply_sched_op(&mut s, op)?;
-        }
-        // Drain: cancellations get reported, then abort what is left.
-        let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        s.apply(&engine_outputs(&plan, 0)).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let live: Vec<RequestId> = s.running_ids().collect();
-        for id in live {
-            s.abort(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        }
-        for id in 0..10 {
-            let _ = s.abort(RequestId(id));
-        }
-        prop_assert!(s.is_idle(), "{:?}", s.census());
-        audited(&s)?;
-        prop_assert_eq!(s.manager().audit().unwrap().in_use_blocks(), 0);
+        run_scheduler_ops(block_size, blocks, config, None, ops)?;
     }
+
+    /// The same with a model of several KV cache groups.
+    #[test]
+    fn fuzz_grouped_scheduler_operations(
+        ((block_size, blocks, config), groups) in sched_config()
+            .prop_flat_map(|(bs, blocks, config)| (Just((bs, blocks, config)), kv_groups(bs))),
+        ops in prop::collection::vec(sched_op(), 20..150),
+    ) {
+        run_scheduler_ops(block_size, blocks, config, Some(groups), ops)?;
+    }
+}
+
+/// Any configuration is refused with a typed error or builds a scheduler
+/// that survives `ops`; at the end, aborting whatever is left gives every
+/// block back.
+fn run_scheduler_ops(
+    block_size: usize,
+    blocks: usize,
+    config: SchedulerConfig,
+    groups: Option<Arc<KvCacheGroups>>,
+    ops: Vec<SchedOp>,
+) -> Result<(), TestCaseError> {
+    let manager = kvbm_blocks::BlockManager::<Gpu>::builder()
+        .block_count(blocks)
+        .block_size(block_size)
+        .build()
+        .unwrap();
+    let built = match groups {
+        None => Scheduler::new(manager, config),
+        Some(groups) => Scheduler::with_kv_groups(manager, config, groups),
+    };
+    let mut s = match built {
+        Ok(s) => s,
+        Err(error) => {
+            prop_assert!(
+                matches!(
+                    error,
+                    SchedulerError::ZeroLimit { .. }
+                        | SchedulerError::Queue(_)
+                        | SchedulerError::InvalidGroups { .. }
+                ),
+                "unexpected outcome"
+            );
+            return Ok(());
+        }
+    };
+    for op in ops {
+        apply_sched_op(&mut s, op)?;
+    }
+    // Drain: cancellations get reported, then abort what is left.
+    let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    s.apply(&engine_outputs(&plan, 0))
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let live: Vec<RequestId> = s.running_ids().collect();
+    for id in live {
+        s.abort(id)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    for id in 0..10 {
+        let _ = s.abort(RequestId(id));
+    }
+    prop_assert!(s.is_idle(), "{:?}", s.census());
+    audited(&s)?;
+    prop_assert_eq!(s.manager().audit().unwrap().in_use_blocks(), 0);
+    Ok(())
 }

@@ -95,6 +95,40 @@ impl EngineTables {
     }
 }
 
+/// Every token of the pending step has its slot, in each group, in the
+/// block its position falls in in that group's table.
+fn slots_are_in_each_groups_table(s: &Scheduler<Gpu>, plan: &StepPlan) {
+    for group in 0..2 {
+        let mut slots = Vec::new();
+        s.group_slot_mapping(plan, group, &mut slots).unwrap();
+        let mut slots = slots.into_iter();
+        for p in &plan.prefill {
+            let (first, table) = s.group_block_table(p.id, group).unwrap();
+            for position in p.start..p.start + p.num_tokens {
+                let slot = slots.next().expect("a slot per token");
+                let block = table[position / BS - first];
+                assert_eq!(
+                    slot,
+                    u64::from(block.get()) * BS as u64 + (position % BS) as u64
+                );
+            }
+        }
+        for d in &plan.decode {
+            let (first, table) = s.group_block_table(d.id, group).unwrap();
+            let slot = slots.next().expect("a slot per token");
+            let block = table[d.position / BS - first];
+            assert_eq!(
+                slot,
+                u64::from(block.get()) * BS as u64 + (d.position % BS) as u64
+            );
+        }
+        assert!(slots.next().is_none());
+    }
+    let mut none = Vec::new();
+    s.group_slot_mapping(plan, 9, &mut none).unwrap();
+    assert!(none.iter().all(|&slot| slot == kvbm_queue::PAD_SLOT));
+}
+
 #[test]
 fn a_window_group_holds_its_window_and_the_engine_tables_follow() {
     let mut s = scheduler(64, SchedulerConfig::default().with_chunk_size(8));
@@ -117,6 +151,7 @@ fn a_window_group_holds_its_window_and_the_engine_tables_follow() {
                 "full attention releases nothing"
             );
         }
+        slots_are_in_each_groups_table(&s, &plan);
         let report = s.apply(&outputs(&plan)).unwrap();
         s.audit().expect("conservation");
         if let Some(id) = s.running_ids().next() {
