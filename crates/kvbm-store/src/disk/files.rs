@@ -7,7 +7,22 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::layout::{Geometry, HEADER, dead_header, slot_file_name};
+use super::layout::{Geometry, HEADER, PAGE, dead_header, slot_file_name};
+
+/// Slots one `pwritev` writes at most: three buffers each (header, block,
+/// padding) stay under Linux's `IOV_MAX` of 1024.
+pub(crate) const RUN_SLOTS: usize = 256;
+
+/// The padding between a block's end and the next slot's start (shorter
+/// than a page: the stride rounds header and block up to one).
+static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+
+/// One slot of a run to write: its header and its block.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlotWrite<'a> {
+    pub(crate) header: &'a [u8; HEADER],
+    pub(crate) block: &'a [u8],
+}
 
 /// A store's slot files. Each is opened (created if need be) the first time
 /// a slot of it is used, and stays open; reads and writes are positional,
@@ -70,27 +85,51 @@ impl SlotFiles {
         self.file(file)?.write_all_at(bytes, at)
     }
 
-    /// Writes `header` and `block` (the store's block size long) into
-    /// `slot` with one vectored positional write (`pwritev`): one system
-    /// call, and no copy of the block into a staging buffer.
-    pub(crate) fn write_slot(
-        &self,
-        slot: u32,
-        header: &[u8; HEADER],
-        block: &[u8],
-    ) -> io::Result<()> {
-        let (file, at) = self.geometry.place(slot);
-        let file = self.file(file)?;
-        let parts = [IoSlice::new(header), IoSlice::new(block)];
-        let wrote = rustix::io::pwritev(file, &parts, at)?;
-        // A short write (rare for regular files) is finished by hand.
-        let total = HEADER + block.len();
-        if wrote < total {
-            let (head_done, block_from) = (wrote.min(HEADER), wrote.saturating_sub(HEADER));
-            file.write_all_at(&header[head_done..], at + head_done as u64)?;
-            file.write_all_at(&block[block_from..], at + (HEADER + block_from) as u64)?;
+    /// Writes a run of consecutive slots of one file, `first` and on, each
+    /// a header and a block (the store's block size long, straight from the
+    /// caller's buffers), with as few vectored positional writes
+    /// (`pwritev`) as it takes: one for a run of up to [`RUN_SLOTS`] slots.
+    /// One result per slot, in order.
+    ///
+    /// The zeros between a block's end and the next slot's start (within
+    /// the slot's last page) are written too, so the run is one contiguous
+    /// range: one system call for a batch instead of one per block, and a
+    /// write the page cache takes as a plain sequential one (with large
+    /// folios). Written one slot at a time, at a stride that is a page more
+    /// than the block, 128 KiB blocks went at 60-80% of a plain write of
+    /// the same bytes; as runs, at 90-125%. The last slot's padding is not
+    /// written, so a file is as long as a write of its last slot alone
+    /// leaves it.
+    ///
+    /// A write that fails partway fails no block by itself: the slots it
+    /// wrote whole stand, and every other slot of the run is written again
+    /// alone, so each block gets its own error (a full disk past some
+    /// slot fails those slots only), as if each had been written alone.
+    ///
+    /// A run that crosses its file's end, or a block of another size, is a
+    /// caller's bug, answered with an error for each slot, never a panic.
+    pub(crate) fn write_run(&self, first: u32, slots: &[SlotWrite<'_>]) -> Vec<io::Result<()>> {
+        let (file, at) = self.geometry.place(first);
+        let fits = u32::try_from(slots.len())
+            .ok()
+            .and_then(|n| (first % self.geometry.slots_per_file()).checked_add(n))
+            .is_some_and(|end| end <= self.geometry.slots_in_file(file))
+            && slots
+                .iter()
+                .all(|slot| slot.block.len() == self.geometry.block_bytes());
+        if !fits {
+            return errors(
+                slots.len(),
+                &io::Error::other("a run of slots that is not whole slots of one file"),
+            );
         }
-        Ok(())
+        let handle = match self.file(file) {
+            Ok(handle) => handle,
+            Err(err) => return errors(slots.len(), &err),
+        };
+        write_run_with(self.geometry.stride(), at, slots, |parts, at| {
+            Ok(rustix::io::pwritev(handle, parts, at)?)
+        })
     }
 
     /// Reads `slot`'s header and block with one vectored positional read
@@ -134,4 +173,82 @@ impl SlotFiles {
         }
         Ok(())
     }
+}
+
+/// `count` copies of `err` (an [`io::Error`] is not `Clone`).
+fn errors(count: usize, err: &io::Error) -> Vec<io::Result<()>> {
+    (0..count)
+        .map(|_| Err(io::Error::new(err.kind(), err.to_string())))
+        .collect()
+}
+
+/// [`SlotFiles::write_run`] over any positional vectored write `pwritev`
+/// (which may write short, as `pwritev(2)` does): slots `stride` bytes
+/// apart from `at`, each no longer than the stride, coalesced into writes
+/// of up to [`RUN_SLOTS`] slots; the slots a failed write did not cover
+/// whole are written again one by one. Unit tests drive it with writes that
+/// fail partway.
+pub(crate) fn write_run_with(
+    stride: u64,
+    at: u64,
+    slots: &[SlotWrite<'_>],
+    mut pwritev: impl FnMut(&[IoSlice<'_>], u64) -> io::Result<usize>,
+) -> Vec<io::Result<()>> {
+    let mut results = Vec::with_capacity(slots.len());
+    let mut parts = Vec::with_capacity(3 * RUN_SLOTS.min(slots.len()));
+    for (nth_chunk, chunk) in slots.chunks(RUN_SLOTS).enumerate() {
+        let chunk_at = at + (nth_chunk * RUN_SLOTS) as u64 * stride;
+        parts.clear();
+        for (nth, slot) in chunk.iter().enumerate() {
+            parts.push(IoSlice::new(slot.header));
+            parts.push(IoSlice::new(slot.block));
+            let pad = stride.saturating_sub((HEADER + slot.block.len()) as u64) as usize;
+            if nth + 1 < chunk.len() && pad > 0 {
+                parts.push(IoSlice::new(&ZEROS[..pad.min(ZEROS.len())]));
+            }
+        }
+        let (done, wrote) = write_all_vectored_at(&mut pwritev, &mut parts, chunk_at);
+        for (nth, slot) in chunk.iter().enumerate() {
+            let start = nth as u64 * stride;
+            let end = start + (HEADER + slot.block.len()) as u64;
+            results.push(if wrote.is_ok() || end <= done as u64 {
+                Ok(())
+            } else {
+                // Not written whole: alone now, for its own result.
+                let mut alone = [IoSlice::new(slot.header), IoSlice::new(slot.block)];
+                write_all_vectored_at(&mut pwritev, &mut alone, chunk_at + start).1
+            });
+        }
+    }
+    results
+}
+
+/// Writes all of `parts` at `at`, again after a short write or an
+/// interruption; how many bytes were written, and whether all were.
+fn write_all_vectored_at(
+    pwritev: &mut impl FnMut(&[IoSlice<'_>], u64) -> io::Result<usize>,
+    mut parts: &mut [IoSlice<'_>],
+    at: u64,
+) -> (usize, io::Result<()>) {
+    let mut left: usize = parts.iter().map(|part| part.len()).sum();
+    let mut done = 0usize;
+    while left > 0 {
+        match pwritev(parts, at + done as u64) {
+            Ok(0) => return (done, Err(io::ErrorKind::WriteZero.into())),
+            Ok(wrote) if wrote > left => {
+                return (
+                    done,
+                    Err(io::Error::other("a write reported more bytes than asked")),
+                );
+            }
+            Ok(wrote) => {
+                done += wrote;
+                left -= wrote;
+                IoSlice::advance_slices(&mut parts, wrote);
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return (done, Err(err)),
+        }
+    }
+    (done, Ok(()))
 }

@@ -21,7 +21,7 @@ pub(crate) const PROBE: &str = "kvbm-disk-store.probe";
 /// Bytes of a slot's header, before the block's bytes.
 pub(crate) const HEADER: usize = 128;
 /// Slots start on page boundaries.
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 /// The largest block a disk store takes: a KV block is megabytes at most,
 /// and this bounds every buffer the store allocates.
 pub(crate) const MAX_BLOCK_BYTES: usize = 1 << 30;

@@ -20,7 +20,7 @@ use tracing::{debug, instrument, warn};
 pub use config::DiskConfig;
 pub use recover::Recovery;
 
-use files::SlotFiles;
+use files::{SlotFiles, SlotWrite};
 use index::{Claim, Entry, Index};
 use layout::{Geometry, HEADER, Header, SlotHeader};
 
@@ -35,13 +35,15 @@ use crate::{BlockRef, BlockStore, Checksum, StoreError};
 /// slots per file and capacity, checksummed, written once by a temporary
 /// file and a rename), a lock file (a second store opening the directory is
 /// refused) and slot files `slots-00000.bin`, `slots-00001.bin`, ... Each
-/// slot is a 64-byte header (magic, key, the block's [`Checksum`], length,
-/// a put sequence number, and a checksum of the header itself) and the
-/// block, rounded up to 4 KiB so slots start on pages. A put writes header
-/// and block with one positional write; a remove writes a tombstone over
-/// the header. Files grow as slots are first used (sparse where a later
-/// slot was written first), never past the capacity: the capacity is a
-/// bound set by the configuration, not by the disk filling.
+/// slot is a 128-byte header (magic, key, the block's [`Checksum`], length,
+/// a put sequence number, the block's lineage, and a checksum of the header
+/// itself) and the block, rounded up to 4 KiB so slots start on pages. A
+/// put writes each slot's header and block straight from the caller's
+/// buffer, the slots of a batch that follow one another in a file with one
+/// vectored positional write (and the zeros between them); a remove writes
+/// a tombstone over the header. Files grow as slots are first used (sparse
+/// where a later slot was written first), never past the capacity: the
+/// capacity is a bound set by the configuration, not by the disk filling.
 ///
 /// # Reads never return wrong bytes
 ///
@@ -202,20 +204,66 @@ impl DiskStore {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes `block` into `slot` as put number `seq`: its header and its
-    /// bytes, straight from the caller's buffer, in one vectored write. A
-    /// crash may leave any part of it on disk (the page cache writes back
-    /// in no set order): the header's checksum and the block's catch a torn
-    /// slot at recovery or at the get that reads it.
-    fn write(&self, slot: u32, seq: u64, block: &BlockRef<'_>) -> io::Result<()> {
-        let header = Header {
-            key: block.key,
-            checksum: block.checksum,
-            len: self.geometry.block_bytes() as u64,
-            seq,
-            lineage: block.lineage,
-        };
-        self.files.write_slot(slot, &header.encode(), block.bytes)
+    /// Writes the claimed blocks (`claims[i]` for `blocks[i]`), each into
+    /// its slot with its header, the bytes straight from the caller's
+    /// buffers; one result per block, `None` for a block not written (its
+    /// claim was `Done`).
+    ///
+    /// Slots that follow one another in a file are written together, one
+    /// run with one vectored write ([`SlotFiles::write_run`]), whatever
+    /// order the batch named them in: a batch whose slots were freed
+    /// together (a remove of a batch, its slots then taken in reverse
+    /// order) is one run. A crash may leave any part of a run on disk (the
+    /// page cache writes back in no set order): the header's checksum and
+    /// the block's catch a torn slot at recovery or at the get that reads
+    /// it, as for a slot written alone.
+    fn write(&self, blocks: &[BlockRef<'_>], claims: &[Claim]) -> Vec<Option<io::Result<()>>> {
+        let mut order: Vec<(u32, usize)> = Vec::new();
+        let mut headers = Vec::new();
+        for (at, (block, claim)) in blocks.iter().zip(claims).enumerate() {
+            let Claim::Write { slot, seq } = *claim else {
+                headers.push([0; HEADER]);
+                continue;
+            };
+            order.push((slot, at));
+            headers.push(
+                Header {
+                    key: block.key,
+                    checksum: block.checksum,
+                    len: self.geometry.block_bytes() as u64,
+                    seq,
+                    lineage: block.lineage,
+                }
+                .encode(),
+            );
+        }
+        order.sort_unstable();
+        let mut written: Vec<Option<io::Result<()>>> = blocks.iter().map(|_| None).collect();
+        let per_file = self.geometry.slots_per_file();
+        let mut rest = &order[..];
+        while let Some(&(first, _)) = rest.first() {
+            let run = rest
+                .iter()
+                .enumerate()
+                .take_while(|&(nth, &(slot, _))| {
+                    u64::from(slot) == u64::from(first) + nth as u64
+                        && slot / per_file == first / per_file
+                })
+                .count();
+            let (this, after) = rest.split_at(run);
+            rest = after;
+            let slots: Vec<SlotWrite<'_>> = this
+                .iter()
+                .map(|&(_, at)| SlotWrite {
+                    header: &headers[at],
+                    block: blocks[at].bytes,
+                })
+                .collect();
+            for (&(_, at), result) in this.iter().zip(self.files.write_run(first, &slots)) {
+                written[at] = Some(result);
+            }
+        }
+        written
     }
 
     /// Reads `entry` of `key` into `into` and verifies it.
@@ -350,14 +398,7 @@ impl BlockStore for DiskStore {
                 .map(|block| index.claim(block, block_bytes))
                 .collect()
         };
-        let mut written: Vec<Option<io::Result<()>>> = blocks
-            .iter()
-            .zip(&claims)
-            .map(|(block, claim)| match claim {
-                Claim::Write { slot, seq } => Some(self.write(*slot, *seq, block)),
-                Claim::Done(_) => None,
-            })
-            .collect();
+        let mut written = self.write(blocks, &claims);
         if self.sync {
             let slots =
                 claims

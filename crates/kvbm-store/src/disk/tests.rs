@@ -1,5 +1,10 @@
-//! Unit tests of the disk store's format.
+//! Unit tests of the disk store's format, and of its coalesced writes of
+//! runs of slots under short and failing writes.
 
+use std::io::{self, IoSlice};
+use std::ops::Range;
+
+use super::files::{RUN_SLOTS, SlotWrite, write_run_with};
 use super::layout::{Geometry, HEADER, Header, META_LEN, Meta, SlotHeader, dead_header};
 use crate::Checksum;
 
@@ -77,5 +82,189 @@ fn slot_headers_round_trip_and_every_flipped_bit_is_caught() {
         let mut flipped = bytes;
         flipped[bit / 8] ^= 1 << (bit % 8);
         assert!(matches!(SlotHeader::decode(&flipped), SlotHeader::Bad(_)));
+    }
+}
+
+/// A file in memory whose positional vectored writes write at most
+/// `per_call` bytes, stop short of `bad` (a range that cannot be written:
+/// a full disk past its start, a bad sector) and then fail, and fail
+/// outright for the first `flaky` calls of more than one slot after
+/// writing half of what they were given.
+struct FakeFile {
+    bytes: Vec<u8>,
+    per_call: usize,
+    bad: Range<u64>,
+    flaky: usize,
+    calls: usize,
+}
+
+impl FakeFile {
+    fn new() -> Self {
+        Self {
+            bytes: Vec::new(),
+            per_call: usize::MAX,
+            bad: u64::MAX..u64::MAX,
+            flaky: 0,
+            calls: 0,
+        }
+    }
+
+    fn pwritev(&mut self, parts: &[IoSlice<'_>], at: u64) -> io::Result<usize> {
+        self.calls += 1;
+        let data: Vec<u8> = parts.iter().flat_map(|part| part.iter().copied()).collect();
+        let mut len = data.len().min(self.per_call);
+        let flaky = self.flaky > 0 && data.len() > STRIDE as usize;
+        if flaky {
+            self.flaky -= 1;
+            len /= 2;
+        }
+        let end = at + len as u64;
+        if at < self.bad.end && end > self.bad.start {
+            len = self.bad.start.saturating_sub(at) as usize;
+        }
+        if len == 0 {
+            return Err(io::Error::from(io::ErrorKind::StorageFull));
+        }
+        let at = at as usize;
+        if self.bytes.len() < at + len {
+            self.bytes.resize(at + len, 0);
+        }
+        self.bytes[at..at + len].copy_from_slice(&data[..len]);
+        if flaky {
+            return Err(io::Error::other("an i/o error partway"));
+        }
+        Ok(len)
+    }
+
+    /// Whether slot `nth` holds `header` and `block`.
+    fn holds(&self, nth: usize, header: &[u8; HEADER], block: &[u8]) -> bool {
+        let at = nth * STRIDE as usize;
+        self.bytes.get(at..at + HEADER) == Some(&header[..])
+            && self.bytes.get(at + HEADER..at + HEADER + block.len()) == Some(block)
+    }
+}
+
+/// Slots of the run tests: a 200-byte block after the header, padded to
+/// 512 bytes.
+const STRIDE: u64 = 512;
+const BLOCK: usize = 200;
+
+/// `n` slots' headers and blocks, each of its own bytes.
+fn run_of(n: usize) -> (Vec<[u8; HEADER]>, Vec<Vec<u8>>) {
+    let headers = (0..n).map(|i| [i as u8 + 1; HEADER]).collect();
+    let blocks = (0..n).map(|i| vec![0x80 | i as u8; BLOCK]).collect();
+    (headers, blocks)
+}
+
+fn writes<'a>(headers: &'a [[u8; HEADER]], blocks: &'a [Vec<u8>]) -> Vec<SlotWrite<'a>> {
+    headers
+        .iter()
+        .zip(blocks)
+        .map(|(header, block)| SlotWrite { header, block })
+        .collect()
+}
+
+#[test]
+fn a_run_is_one_write_of_its_slots_and_their_padding() {
+    let (headers, blocks) = run_of(5);
+    let mut file = FakeFile::new();
+    let results = write_run_with(STRIDE, STRIDE, &writes(&headers, &blocks), |parts, at| {
+        file.pwritev(parts, at)
+    });
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(file.calls, 1);
+    for nth in 0..5 {
+        assert!(file.holds(nth + 1, &headers[nth], &blocks[nth]));
+    }
+    // Padding between slots is zeros; the last slot's is not written.
+    let pad = STRIDE as usize + HEADER + BLOCK..2 * STRIDE as usize;
+    assert!(file.bytes[pad].iter().all(|&b| b == 0));
+    assert_eq!(file.bytes.len(), 5 * STRIDE as usize + HEADER + BLOCK);
+}
+
+#[test]
+fn short_writes_are_finished() {
+    let (headers, blocks) = run_of(4);
+    let mut file = FakeFile::new();
+    file.per_call = 77;
+    let results = write_run_with(STRIDE, 0, &writes(&headers, &blocks), |parts, at| {
+        file.pwritev(parts, at)
+    });
+    assert!(results.iter().all(Result::is_ok));
+    for nth in 0..4 {
+        assert!(file.holds(nth, &headers[nth], &blocks[nth]));
+    }
+}
+
+#[test]
+fn a_disk_full_mid_run_fails_only_the_slots_not_written_whole() {
+    let (headers, blocks) = run_of(6);
+    let mut file = FakeFile::new();
+    // Full from the middle of slot 2's block on.
+    file.bad = 2 * STRIDE + HEADER as u64 + 50..u64::MAX;
+    let results = write_run_with(STRIDE, 0, &writes(&headers, &blocks), |parts, at| {
+        file.pwritev(parts, at)
+    });
+    assert!(results[..2].iter().all(Result::is_ok), "{results:?}");
+    for result in &results[2..] {
+        assert_eq!(
+            result.as_ref().unwrap_err().kind(),
+            io::ErrorKind::StorageFull
+        );
+    }
+    assert!(file.holds(0, &headers[0], &blocks[0]));
+    assert!(file.holds(1, &headers[1], &blocks[1]));
+}
+
+#[test]
+fn a_bad_range_mid_run_fails_its_slot_and_the_rest_are_written_alone() {
+    let (headers, blocks) = run_of(6);
+    let mut file = FakeFile::new();
+    // Slot 3's block cannot be written; what follows can.
+    file.bad = 3 * STRIDE + HEADER as u64 + 10..3 * STRIDE + HEADER as u64 + 20;
+    let results = write_run_with(STRIDE, 0, &writes(&headers, &blocks), |parts, at| {
+        file.pwritev(parts, at)
+    });
+    for (nth, result) in results.iter().enumerate() {
+        assert_eq!(result.is_ok(), nth != 3, "slot {nth}: {result:?}");
+        if nth != 3 {
+            assert!(file.holds(nth, &headers[nth], &blocks[nth]));
+        }
+    }
+    // The coalesced write (short, then failing), slot 3 alone (short, then
+    // failing), then slots 4 and 5 alone.
+    assert_eq!(file.calls, 2 + 2 + 2);
+}
+
+#[test]
+fn a_run_that_fails_partway_once_is_written_again_slot_by_slot() {
+    let (headers, blocks) = run_of(5);
+    let mut file = FakeFile::new();
+    file.flaky = 1;
+    let results = write_run_with(STRIDE, 0, &writes(&headers, &blocks), |parts, at| {
+        file.pwritev(parts, at)
+    });
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    for nth in 0..5 {
+        assert!(file.holds(nth, &headers[nth], &blocks[nth]));
+    }
+}
+
+#[test]
+fn a_long_run_is_cut_into_writes_of_at_most_run_slots() {
+    let n = RUN_SLOTS + 3;
+    let headers: Vec<[u8; HEADER]> = (0..n).map(|i| [i as u8; HEADER]).collect();
+    let blocks: Vec<Vec<u8>> = (0..n).map(|i| vec![!(i as u8); BLOCK]).collect();
+    let mut file = FakeFile::new();
+    let mut most = 0;
+    let results = write_run_with(STRIDE, 0, &writes(&headers, &blocks), |parts, at| {
+        most = most.max(parts.len());
+        file.pwritev(parts, at)
+    });
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(file.calls, 2);
+    assert!(most <= 1024, "{most} buffers in one write, past IOV_MAX");
+    for nth in [0, RUN_SLOTS - 1, RUN_SLOTS, n - 1] {
+        assert!(file.holds(nth, &headers[nth], &blocks[nth]));
     }
 }

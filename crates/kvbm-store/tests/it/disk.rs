@@ -339,6 +339,253 @@ fn an_io_error_fails_its_block_only() {
     assert_eq!(get(&store, 1).unwrap(), a);
 }
 
+/// Whether `store` holds exactly the blocks of `keys` (each `block(key)`).
+fn holds_exactly(store: &DiskStore, keys: &[u128]) {
+    let mut held = store.keys().unwrap();
+    held.sort_unstable();
+    let mut want = keys.to_vec();
+    want.sort_unstable();
+    assert_eq!(held, want);
+    for &key in keys {
+        assert_eq!(get(store, key).unwrap(), block(key));
+    }
+}
+
+#[test]
+fn a_batch_of_partly_consecutive_slots_is_stored_and_found_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 12);
+    let first: Vec<Vec<u8>> = (0..8).map(block).collect();
+    let puts: Vec<BlockRef<'_>> = (0..8).map(|key| put(key, &first[key as usize])).collect();
+    assert!(store.put(&puts).iter().all(Result::is_ok));
+    // Slots 1, 2, 5, 6 and 7 free again, taken back in reverse order.
+    assert!(
+        store
+            .remove(&[1, 2, 5, 6, 7])
+            .iter()
+            .all(|r| matches!(r, Ok(true)))
+    );
+    // Seven new blocks take slots 7, 6, 5, 2, 1 (freed) and 8, 9 (fresh):
+    // runs 1-2, 5-7 and 8-9 (7 and 8 are in two files). Between them, a
+    // block already stored, a collision and a block of the wrong size.
+    let new: Vec<Vec<u8>> = (10..17).map(block).collect();
+    let mut batch: Vec<BlockRef<'_>> = Vec::new();
+    for (key, bytes) in (10..17).zip(&new) {
+        batch.push(put(key, bytes));
+        match key {
+            11 => batch.push(put(0, &first[0])),
+            13 => batch.push(put(3, &new[0])),
+            15 => batch.push(put(99, &new[0][..BYTES - 1])),
+            _ => {}
+        }
+    }
+    let results = store.put(&batch);
+    let failed: Vec<u128> = batch
+        .iter()
+        .zip(&results)
+        .filter(|(_, result)| result.is_err())
+        .map(|(block, _)| block.key)
+        .collect();
+    assert_eq!(failed, [3, 99], "{results:?}");
+    assert!(matches!(results[5], Err(StoreError::Collision { key: 3 })));
+    let stored = [0, 3, 4, 10, 11, 12, 13, 14, 15, 16];
+    holds_exactly(&store, &stored);
+    // The run's padding is written only between slots: slot 9's file ends
+    // with its block.
+    let last = fs::metadata(dir.path().join("slots-00002.bin")).unwrap();
+    assert_eq!(last.len(), STRIDE + HEADER + BYTES as u64);
+    drop(store);
+    let store = open(dir.path(), 12);
+    assert_eq!(
+        (store.recovery().blocks, store.recovery().dropped()),
+        (stored.len(), 0)
+    );
+    holds_exactly(&store, &stored);
+}
+
+#[test]
+fn a_run_whose_file_cannot_be_written_fails_its_blocks_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = DiskConfig::new(dir.path(), BYTES, 6).slots_per_file(2);
+    let store = DiskStore::open(config.clone()).unwrap();
+    // The second file (slots 2 and 3) cannot be opened.
+    fs::create_dir(dir.path().join("slots-00001.bin")).unwrap();
+    let blocks: Vec<Vec<u8>> = (0..6).map(block).collect();
+    let puts: Vec<BlockRef<'_>> = (0..6).map(|key| put(key, &blocks[key as usize])).collect();
+    let results = store.put(&puts);
+    for (key, result) in results.iter().enumerate() {
+        if key == 2 || key == 3 {
+            assert!(matches!(result, Err(StoreError::Io(_))), "{result:?}");
+        } else {
+            assert!(result.is_ok(), "{key}: {result:?}");
+        }
+    }
+    holds_exactly(&store, &[0, 1, 4, 5]);
+    drop(store);
+    fs::remove_dir(dir.path().join("slots-00001.bin")).unwrap();
+    let store = DiskStore::open(config).unwrap();
+    assert_eq!(store.recovery().dropped(), 0);
+    holds_exactly(&store, &[0, 1, 4, 5]);
+    assert!(store.put(&puts[2..4]).iter().all(Result::is_ok));
+    holds_exactly(&store, &[0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_crash_mid_run_keeps_the_slots_that_landed_and_drops_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4);
+    let blocks: Vec<Vec<u8>> = (0..4).map(block).collect();
+    let puts: Vec<BlockRef<'_>> = (0..4).map(|key| put(key, &blocks[key as usize])).collect();
+    // One run, slots 0 to 3 of one file.
+    assert!(store.put(&puts).iter().all(Result::is_ok));
+    drop(store);
+    // The crash: the run's pages landed in no order. From the middle of
+    // slot 1's block to the end of slot 2's header nothing landed, and the
+    // file ends in the middle of slot 3's block.
+    let from = STRIDE + HEADER + 100;
+    poke(
+        dir.path(),
+        1,
+        HEADER + 100,
+        &vec![0; (2 * STRIDE + HEADER - from) as usize],
+    );
+    let (path, at) = slot_at(dir.path(), 3);
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(at + HEADER + 10)
+        .unwrap();
+    let store = open(dir.path(), 4);
+    let recovery = store.recovery();
+    assert_eq!(recovery.blocks, 1);
+    // Slot 1 fails its checksum; slot 2 has bytes behind an empty header,
+    // slot 3 is cut short.
+    assert_eq!((recovery.dropped_corrupt, recovery.dropped_torn), (1, 2));
+    holds_exactly(&store, &[0]);
+    // The dropped slots take the blocks again, as a run.
+    assert!(store.put(&puts).iter().all(Result::is_ok));
+    drop(store);
+    let store = open(dir.path(), 4);
+    assert_eq!(
+        (store.recovery().blocks, store.recovery().dropped()),
+        (4, 0)
+    );
+    holds_exactly(&store, &[0, 1, 2, 3]);
+}
+
+/// Names the directory the file size limit test's child process (the same
+/// test, run again under a file size limit) writes into.
+const FSIZE_CHILD: &str = "KVBM_DISK_FSIZE_CHILD";
+/// The block size of the file size limit test: slots of 8 KiB.
+const FSIZE_BYTES: usize = 8000;
+const FSIZE_STRIDE: u64 = 8192;
+const FSIZE_BLOCKS: u128 = 8;
+
+/// The process's file size limit in bytes (`RLIMIT_FSIZE`).
+fn file_size_limit() -> Option<u64> {
+    let limits = fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max file size"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Run twice: by the test runner, and (with [`FSIZE_CHILD`] set) by itself
+/// in a child process under the limit, where it writes the run.
+#[test]
+fn a_run_cut_short_by_a_file_size_limit_fails_the_blocks_it_did_not_write() {
+    if let Some(dir) = std::env::var_os(FSIZE_CHILD) {
+        write_under_file_size_limit(std::path::Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    // A limit of 40 blocks of the shell's unit (512 or 1024 bytes) falls
+    // inside the run of eight 8 KiB slots; SIGXFSZ ignored, a write past
+    // it fails with EFBIG (after writing what fits) instead of killing.
+    // The child's output goes to pipes, which the limit does not bound.
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(
+            "trap '' XFSZ && ulimit -f 40 && exec \"$0\" --exact \
+             disk::a_run_cut_short_by_a_file_size_limit_fails_the_blocks_it_did_not_write \
+             --test-threads=1",
+        )
+        .arg(exe)
+        .env(FSIZE_CHILD, dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        child.status.success() && String::from_utf8_lossy(&child.stdout).contains("1 passed"),
+        "the child failed ({}):\n{}\n{}",
+        child.status,
+        String::from_utf8_lossy(&child.stdout),
+        String::from_utf8_lossy(&child.stderr)
+    );
+    // Without the limit: a reopen finds the blocks written whole (a
+    // prefix of the run) and nothing torn, and the rest can be put now.
+    let config = DiskConfig::new(dir.path(), FSIZE_BYTES, FSIZE_BLOCKS as usize);
+    let store = DiskStore::open(config).unwrap();
+    let found = store.recovery().blocks as u128;
+    assert!(0 < found && found < FSIZE_BLOCKS, "{:?}", store.recovery());
+    assert_eq!(store.recovery().dropped(), 0);
+    let blocks: Vec<Vec<u8>> = (0..FSIZE_BLOCKS).map(|key| kv(key, FSIZE_BYTES)).collect();
+    let puts: Vec<BlockRef<'_>> = (0..FSIZE_BLOCKS)
+        .map(|key| put(key, &blocks[key as usize]))
+        .collect();
+    assert_eq!(
+        store.contains(&(0..FSIZE_BLOCKS).collect::<Vec<_>>()),
+        (0..FSIZE_BLOCKS).map(|key| key < found).collect::<Vec<_>>()
+    );
+    assert!(store.put(&puts).iter().all(Result::is_ok));
+    let mut out = vec![0; FSIZE_BYTES];
+    for key in 0..FSIZE_BLOCKS {
+        let sum = store
+            .get(&mut [(key, &mut out[..])])
+            .pop()
+            .unwrap()
+            .unwrap();
+        assert!(sum.verifies(key, &out) && out == blocks[key as usize]);
+    }
+}
+
+/// The child's part: a run of eight slots put under the file size limit;
+/// the blocks past it fail with `EFBIG`, the others are stored whole.
+fn write_under_file_size_limit(dir: &std::path::Path) {
+    let limit = file_size_limit().expect("the file size limit");
+    let config = DiskConfig::new(dir, FSIZE_BYTES, FSIZE_BLOCKS as usize);
+    let store = DiskStore::open(config).unwrap();
+    let blocks: Vec<Vec<u8>> = (0..FSIZE_BLOCKS).map(|key| kv(key, FSIZE_BYTES)).collect();
+    let puts: Vec<BlockRef<'_>> = (0..FSIZE_BLOCKS)
+        .map(|key| put(key, &blocks[key as usize]))
+        .collect();
+    let results = store.put(&puts);
+    let mut written = 0;
+    for (key, result) in (0..FSIZE_BLOCKS).zip(&results) {
+        let end = key as u64 * FSIZE_STRIDE + HEADER + FSIZE_BYTES as u64;
+        if end <= limit {
+            assert!(result.is_ok(), "block {key} fits under {limit}: {result:?}");
+            let mut out = vec![0; FSIZE_BYTES];
+            let sum = store
+                .get(&mut [(key, &mut out[..])])
+                .pop()
+                .unwrap()
+                .unwrap();
+            assert!(sum.verifies(key, &out) && out == blocks[key as usize]);
+            written += 1;
+        } else {
+            assert!(
+                matches!(result, Err(StoreError::Io(err)) if err.raw_os_error() == Some(27)),
+                "block {key} passes {limit}: {result:?}"
+            );
+            assert_eq!(store.contains(&[key]), [false]);
+        }
+    }
+    assert!(0 < written && written < FSIZE_BLOCKS, "limit {limit}");
+    assert_eq!(store.len(), written as usize);
+}
+
 #[test]
 fn bad_configurations_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -553,6 +800,9 @@ fn threads_putting_getting_and_removing_only_ever_read_whole_blocks() {
 enum Op {
     /// Puts the key with one of two byte patterns.
     Put(u128, u128),
+    /// Puts keys in one call (their slots coalesced into runs where they
+    /// follow one another), a key perhaps twice.
+    PutBatch(Vec<(u128, u128)>),
     Get(u128),
     Remove(u128),
     Reopen,
@@ -564,6 +814,7 @@ fn op() -> impl Strategy<Value = Op> {
     const KEYS: u128 = 8;
     prop_oneof![
         4 => (0..KEYS, 0..2u128).prop_map(|(key, variant)| Op::Put(key, variant)),
+        2 => proptest::collection::vec((0..KEYS, 0..2u128), 1..7).prop_map(Op::PutBatch),
         4 => (0..KEYS).prop_map(Op::Get),
         2 => (0..KEYS).prop_map(Op::Remove),
         1 => Just(Op::Reopen),
@@ -595,6 +846,36 @@ fn live_key(dir: &Path, slot: u64) -> Option<u128> {
         .then(|| u128::from_le_bytes(header[8..24].try_into().unwrap()))
 }
 
+/// Checks a put's result against the model, and puts the block in it.
+fn expect_put(
+    model: &mut HashMap<u128, Held>,
+    key: u128,
+    bytes: Vec<u8>,
+    result: &Result<(), StoreError>,
+) -> Result<(), TestCaseError> {
+    match model.get(&key) {
+        Some(held) if held.bytes == bytes => prop_assert!(result.is_ok()),
+        Some(_) => prop_assert!(
+            matches!(result, Err(StoreError::Collision { .. })),
+            "{result:?}"
+        ),
+        None if model.len() == MODEL_CAPACITY => {
+            prop_assert!(matches!(result, Err(StoreError::Full { .. })), "{result:?}")
+        }
+        None => {
+            prop_assert!(result.is_ok(), "{result:?}");
+            model.insert(
+                key,
+                Held {
+                    bytes,
+                    rotten: false,
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
 fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let open = || DiskStore::open(config(dir.path(), MODEL_CAPACITY)).unwrap();
@@ -605,25 +886,23 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Put(key, variant) => {
                 let bytes = block(key * 2 + variant);
                 let result = store.put(&[put(key, &bytes)]).pop().unwrap();
-                match model.get(&key) {
-                    Some(held) if held.bytes == bytes => prop_assert!(result.is_ok()),
-                    Some(_) => prop_assert!(
-                        matches!(result, Err(StoreError::Collision { .. })),
-                        "{result:?}"
-                    ),
-                    None if model.len() == MODEL_CAPACITY => {
-                        prop_assert!(matches!(result, Err(StoreError::Full { .. })), "{result:?}")
-                    }
-                    None => {
-                        prop_assert!(result.is_ok(), "{result:?}");
-                        model.insert(
-                            key,
-                            Held {
-                                bytes,
-                                rotten: false,
-                            },
-                        );
-                    }
+                expect_put(&mut model, key, bytes, &result)?;
+            }
+            Op::PutBatch(ref batch) => {
+                let bytes: Vec<Vec<u8>> = batch
+                    .iter()
+                    .map(|&(key, variant)| block(key * 2 + variant))
+                    .collect();
+                let puts: Vec<BlockRef<'_>> = batch
+                    .iter()
+                    .zip(&bytes)
+                    .map(|(&(key, _), bytes)| put(key, bytes))
+                    .collect();
+                let results = store.put(&puts);
+                prop_assert_eq!(results.len(), batch.len());
+                // The store answers as if the blocks were put one by one.
+                for ((&(key, _), bytes), result) in batch.iter().zip(bytes).zip(&results) {
+                    expect_put(&mut model, key, bytes, result)?;
                 }
             }
             Op::Get(key) => {
