@@ -19,6 +19,8 @@ pub(crate) const LAYERS: &[&str] = &[
     // The remote tier: a BlockStore on Redis Cluster, above kvbm-store.
     "kvbm-store-redis",
     "kvbm-sim",
+    // The Python bindings: above everything, so nothing depends on them.
+    "kvbm-py",
 ];
 
 /// Workspace members outside the layering: they may depend on anything.

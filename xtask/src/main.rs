@@ -7,6 +7,7 @@
 mod layers;
 mod mocker;
 mod package;
+mod python;
 mod redis;
 mod store_limits;
 
@@ -64,6 +65,11 @@ const GATES: &[Gate] = &[
         name: "dynamo-interop",
         about: "kvbm-events' publisher read by Dynamo's indexer (ai-dynamo-runtime from PyPI, venv under target/)",
         run: dynamo_interop,
+    },
+    Gate {
+        name: "python",
+        about: "the kvbm Python package: a wheel built by maturin, installed into a venv under target/, its pytest suite",
+        run: python::run,
     },
     Gate {
         name: "layers",

@@ -1,0 +1,427 @@
+//! `kvbm.Scheduler`: kvbm-queue's continuous-batching scheduler over its own
+//! block pool.
+//!
+//! Submissions and cancellations go through the scheduler's thread-safe
+//! submit handle, outside the lock that `step`, `apply` and the lookups
+//! take: another Python thread can submit while a long step runs with the
+//! GIL released.
+
+use std::sync::Mutex;
+
+use kvbm_blocks::{BlockManager, EventSubscription};
+use kvbm_queue::{
+    EngineOutput, GenerationReserve, InferenceRequest, Preemption, RequestId,
+    Scheduler as RustScheduler, SchedulerConfig, SubmitHandle,
+};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use crate::Device;
+use crate::args::{Count, SaltArg, Tokens, U64, priority};
+use crate::convert;
+use crate::errors::Error;
+use crate::lock::lock;
+use crate::plan::{Finished, StepPlan, StepReport};
+
+/// Requests in play (running and waiting) from which `step` and `apply`
+/// release the GIL: below it, a step takes microseconds and handing the
+/// GIL to another thread would cost more than it frees.
+const DETACH_REQUESTS: u64 = 64;
+
+/// The scheduler and what it publishes, under one lock.
+#[derive(Debug)]
+struct State {
+    scheduler: RustScheduler<Device>,
+    events: Option<EventSubscription>,
+}
+
+/// A continuous-batching scheduler over a block pool of its own
+/// (kvbm-queue's ``Scheduler``): ``submit`` requests, then each step call
+/// ``step()`` for the plan, run the model, and ``apply()`` what it sampled.
+/// Admission, chunked prefill, prefix caching and preemption happen inside.
+/// Thread-safe: any thread may submit or cancel while another steps.
+#[pyclass(module = "kvbm", frozen)]
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    handle: SubmitHandle,
+    manager: BlockManager<Device>,
+    state: Mutex<State>,
+}
+
+/// `full` or a token cap.
+fn reserve(value: &Bound<'_, PyAny>) -> PyResult<GenerationReserve> {
+    if let Ok(text) = value.cast::<PyString>() {
+        if text.to_str()?.trim().eq_ignore_ascii_case("full") {
+            return Ok(GenerationReserve::Full);
+        }
+        return Err(
+            Error::invalid(format!("reserve `{text}` is neither \"full\" nor an int")).into(),
+        );
+    }
+    let cap: Count = value.extract()?;
+    let cap = u32::try_from(cap.0)
+        .map_err(|_| Error::invalid(format!("reserve {} exceeds 4294967295 tokens", cap.0)))?;
+    Ok(GenerationReserve::Capped(cap))
+}
+
+/// One engine output from a dict entry: an int (the sampled token), `None`
+/// (a chunk that samples nothing) or a list (accepted drafts, then the
+/// sampled token).
+fn output(id: u64, value: &Bound<'_, PyAny>, stop: bool) -> PyResult<EngineOutput> {
+    let id = RequestId(id);
+    let output = if value.is_none() {
+        EngineOutput::no_token(id)
+    } else if let Ok(token) = value.extract::<crate::args::U32>() {
+        EngineOutput::token(id, token.0)
+    } else if value.is_instance_of::<pyo3::types::PyInt>() {
+        // An int that is not a token: the refusal says why.
+        return Err(value
+            .extract::<crate::args::U32>()
+            .err()
+            .unwrap_or_else(|| PyTypeError::new_err("bad token")));
+    } else {
+        let Tokens(mut tokens) = value.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "the output of request {} must be a token (int), None, or a list of tokens",
+                id.0
+            ))
+        })?;
+        let Some(token) = tokens.pop() else {
+            return Err(Error::invalid(format!(
+                "the output of request {} is an empty list: it needs at least the sampled token",
+                id.0
+            ))
+            .into());
+        };
+        EngineOutput::speculative(id, tokens, token)
+    };
+    Ok(if stop { output.with_stop() } else { output })
+}
+
+#[pymethods]
+impl Scheduler {
+    /// A scheduler over a new pool of ``num_blocks`` blocks of
+    /// ``block_size`` tokens. The limits default to vLLM's (256 running
+    /// requests, 8192 tokens per step, 2048-token prefill chunks, 1% of
+    /// the pool kept free). ``reserve`` is the generated tokens admission
+    /// reserves per request (an int cap, or ``"full"``); ``preemption`` is
+    /// ``"never"`` or ``"priority"`` (a waiting request may preempt less
+    /// urgent running ones). With ``events=True`` the pool's cache events
+    /// are kept for ``take_events``.
+    #[new]
+    #[pyo3(signature = (
+        num_blocks,
+        block_size = Count(16),
+        *,
+        max_running = Count(256),
+        token_budget = Count(8192),
+        chunk_size = Count(2048),
+        watermark_blocks = None,
+        reserve = None,
+        prefix_credit = true,
+        speculative_tokens = Count(0),
+        preemption = "never",
+        eviction = "lru",
+        events = false,
+    ), text_signature = "(num_blocks, block_size=16, *, max_running=256, token_budget=8192, chunk_size=2048, watermark_blocks=None, reserve=None, prefix_credit=True, speculative_tokens=0, preemption='never', eviction='lru', events=False)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_blocks: Count,
+        block_size: Count,
+        max_running: Count,
+        token_budget: Count,
+        chunk_size: Count,
+        watermark_blocks: Option<Count>,
+        reserve: Option<&Bound<'_, PyAny>>,
+        prefix_credit: bool,
+        speculative_tokens: Count,
+        preemption: &str,
+        eviction: &str,
+        events: bool,
+    ) -> PyResult<Self> {
+        let manager = crate::pool::manager(
+            num_blocks.0,
+            block_size.0,
+            crate::args::eviction(eviction)?.policy(),
+            kvbm_blocks::DuplicatePolicy::Deduplicate,
+        )?;
+        let mut config = SchedulerConfig::default()
+            .with_max_running(max_running.0)
+            .with_token_budget(token_budget.0)
+            .with_chunk_size(chunk_size.0)
+            .with_prefix_credit(prefix_credit)
+            .with_speculative_tokens(speculative_tokens.0);
+        if let Some(watermark) = watermark_blocks {
+            config = config.with_watermark_blocks(watermark.0);
+        }
+        if let Some(value) = reserve {
+            config = config.with_reserve(self::reserve(value)?);
+        }
+        config = match preemption.trim().to_ascii_lowercase().as_str() {
+            "never" => config.with_preemption(Preemption::Never),
+            "priority" | "by-priority" | "by_priority" => {
+                config.with_preemption(Preemption::ByPriority)
+            }
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown preemption `{preemption}`: expected \"never\" or \"priority\""
+                ))
+                .into());
+            }
+        };
+        let events = events.then(|| manager.subscribe_events(1024));
+        let mut scheduler = RustScheduler::new(manager.clone(), config).map_err(Error::from)?;
+        // No recorder is installed from Python: skip the reads metrics need.
+        scheduler.set_metrics_enabled(false);
+        Ok(Self {
+            handle: scheduler.submit_handle(),
+            manager,
+            state: Mutex::new(State { scheduler, events }),
+        })
+    }
+
+    /// Queues a request: ``prompt`` token ids, up to ``max_new_tokens`` to
+    /// generate. ``priority`` is ``"low"``, ``"normal"``, ``"high"`` or
+    /// ``"critical"``; ``salt`` (str or bytes) keeps its cache entries apart
+    /// from other salts'. Raises ``SchedulerError`` for an id already live
+    /// or a request larger than the whole pool, ``InvalidArgumentError``
+    /// for an empty prompt. Any thread may call it, even during a step.
+    #[pyo3(
+        signature = (request_id, prompt, max_new_tokens, *, priority = "normal", salt = SaltArg::default()),
+        text_signature = "($self, request_id, prompt, max_new_tokens, *, priority='normal', salt=None)"
+    )]
+    fn submit(
+        &self,
+        request_id: U64,
+        prompt: Tokens,
+        max_new_tokens: crate::args::U32,
+        priority: &str,
+        salt: SaltArg,
+    ) -> PyResult<()> {
+        let request = InferenceRequest::new(RequestId(request_id.0), prompt.0, max_new_tokens.0)
+            .with_priority(self::priority(priority)?)
+            .with_salt(salt.0);
+        self.handle
+            .submit(request)
+            .map_err(|rejected| Error::from(rejected.error().clone()))?;
+        Ok(())
+    }
+
+    /// Ends a request wherever it is; it is reported finished
+    /// (``"cancelled"``) by the next ``step`` or ``apply``. Returns whether
+    /// it was live. Any thread may call it.
+    fn cancel(&self, request_id: U64) -> bool {
+        self.handle.cancel(RequestId(request_id.0))
+    }
+
+    /// Takes a request out at once, wherever it is, and returns how it
+    /// finished (``"aborted"``). Raises ``SchedulerError`` if it is neither
+    /// waiting nor running.
+    fn abort(&self, py: Python<'_>, request_id: U64) -> PyResult<Finished> {
+        let mut state = lock(&self.state, py);
+        let finished = state
+            .scheduler
+            .abort(RequestId(request_id.0))
+            .map_err(Error::from)?;
+        Ok(Finished::from(&finished))
+    }
+
+    /// Plans the next engine step. Raises ``SchedulerError`` if the last
+    /// plan was not applied yet.
+    fn step(&self, py: Python<'_>) -> PyResult<StepPlan> {
+        let mut guard = lock(&self.state, py);
+        let state = &mut *guard;
+        let census = state.scheduler.census();
+        let plan = if census.running + census.waiting >= DETACH_REQUESTS {
+            py.detach(|| state.scheduler.step())
+        } else {
+            state.scheduler.step()
+        };
+        Ok(StepPlan::new(plan.map_err(Error::from)?))
+    }
+
+    /// Commits what the engine sampled for the pending plan: ``outputs``
+    /// maps each scheduled request id to its sampled token (an int),
+    /// ``None`` for a prefill chunk that samples nothing, or, after a
+    /// speculative step, a list of the accepted draft tokens followed by
+    /// the sampled one. ``stop`` lists requests that hit a stop condition
+    /// with this token. Raises ``SchedulerError`` (nothing changes) for a
+    /// missing, extra or malformed output.
+    #[pyo3(signature = (outputs, *, stop = None))]
+    fn apply(
+        &self,
+        py: Python<'_>,
+        outputs: &Bound<'_, PyDict>,
+        stop: Option<Vec<U64>>,
+    ) -> PyResult<StepReport> {
+        let stop: std::collections::HashSet<u64> = stop
+            .unwrap_or_default()
+            .into_iter()
+            .map(|id| id.0)
+            .collect();
+        let mut engine = Vec::with_capacity(outputs.len());
+        for (key, value) in outputs.iter() {
+            let U64(id) = key.extract()?;
+            engine.push(output(id, &value, stop.contains(&id))?);
+        }
+        if let Some(&missing) = stop
+            .iter()
+            .find(|id| !outputs.contains(**id).unwrap_or(false))
+        {
+            return Err(Error::invalid(format!(
+                "stop names request {missing}, which has no output"
+            ))
+            .into());
+        }
+        let mut guard = lock(&self.state, py);
+        let state = &mut *guard;
+        let report = if engine.len() as u64 >= DETACH_REQUESTS {
+            py.detach(|| state.scheduler.apply(&engine))
+        } else {
+            state.scheduler.apply(&engine)
+        };
+        Ok(StepReport::new(report.map_err(Error::from)?))
+    }
+
+    /// Whether nothing is waiting or running and every request was
+    /// reported finished.
+    #[getter]
+    fn is_idle(&self, py: Python<'_>) -> bool {
+        lock(&self.state, py).scheduler.is_idle()
+    }
+
+    /// Whether request ``request_id`` is running (admitted, holding blocks).
+    fn is_running(&self, py: Python<'_>, request_id: U64) -> bool {
+        lock(&self.state, py)
+            .scheduler
+            .is_running(RequestId(request_id.0))
+    }
+
+    /// Ids of the running requests.
+    #[getter]
+    fn running_ids(&self, py: Python<'_>) -> Vec<u64> {
+        let state = lock(&self.state, py);
+        state.scheduler.running_ids().map(|id| id.0).collect()
+    }
+
+    /// The block table of a running request (``None`` if it is not running).
+    fn block_table(&self, py: Python<'_>, request_id: U64) -> Option<Vec<u32>> {
+        let table = lock(&self.state, py)
+            .scheduler
+            .block_table(RequestId(request_id.0))?;
+        Some(table.into_iter().map(|id| id.get()).collect())
+    }
+
+    /// The tokens (prompt and generated) of a running request.
+    fn tokens(&self, py: Python<'_>, request_id: U64) -> Option<Vec<u32>> {
+        let state = lock(&self.state, py);
+        state
+            .scheduler
+            .tokens(RequestId(request_id.0))
+            .map(<[u32]>::to_vec)
+    }
+
+    /// Where every request is, and the lifetime counters, as a dict
+    /// (``submitted == waiting + onboarding + running + finished + aborted``).
+    fn census<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let census = lock(&self.state, py).scheduler.census();
+        census_dict(py, &census)
+    }
+
+    /// The scheduler's gauges and counters under vLLM's metric names:
+    /// ``kv_cache_usage``, ``num_requests_running``, ``num_requests_waiting``,
+    /// ``prefix_cache_queries``, ``prefix_cache_hits``, ``num_preemptions``,
+    /// ``generation_tokens``, ``evictions``.
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let census = lock(&self.state, py).scheduler.census();
+        let pool = self.manager.metrics();
+        let dict = PyDict::new(py);
+        dict.set_item("kv_cache_usage", convert::usage(&pool))?;
+        dict.set_item("num_requests_running", census.running)?;
+        dict.set_item("num_requests_waiting", census.waiting)?;
+        dict.set_item("prefix_cache_queries", census.prefix_cache_queries)?;
+        dict.set_item("prefix_cache_hits", census.prefix_cache_hits)?;
+        dict.set_item("num_preemptions", census.preemptions)?;
+        dict.set_item("generation_tokens", census.generated_tokens)?;
+        dict.set_item("evictions", pool.evictions)?;
+        Ok(dict)
+    }
+
+    /// The pool's occupancy and counters (as ``BlockPool.metrics``).
+    fn pool_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        convert::pool_metrics(py, &self.manager.metrics())
+    }
+
+    /// Checks both conservation laws (every request in one place, every
+    /// block in use held by a running request) and returns the census.
+    /// O(blocks); raises ``SchedulerError`` on a discrepancy (a kvbm bug).
+    fn audit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let census = lock(&self.state, py)
+            .scheduler
+            .audit()
+            .map_err(Error::from)?;
+        census_dict(py, &census)
+    }
+
+    /// The pool's cache events since the last call (see
+    /// ``BlockPool.take_events``); needs ``events=True``.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let messages = {
+            let state = lock(&self.state, py);
+            let Some(events) = &state.events else {
+                return Err(Error::new(
+                    crate::errors::Kind::Scheduler,
+                    "this scheduler records no events: build it with events=True",
+                )
+                .into());
+            };
+            events.drain()
+        };
+        convert::events(py, &messages)
+    }
+
+    /// Blocks in the pool.
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.manager.total_blocks()
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.manager.block_size()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let census = lock(&self.state, py).scheduler.census();
+        format!(
+            "Scheduler(num_blocks={}, block_size={}, waiting={}, running={}, finished={})",
+            self.manager.total_blocks(),
+            self.manager.block_size(),
+            census.waiting,
+            census.running,
+            census.finished
+        )
+    }
+}
+
+fn census_dict<'py>(py: Python<'py>, census: &kvbm_queue::Census) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("submitted", census.submitted)?;
+    dict.set_item("waiting", census.waiting)?;
+    dict.set_item("onboarding", census.onboarding)?;
+    dict.set_item("running", census.running)?;
+    dict.set_item("finished", census.finished)?;
+    dict.set_item("aborted", census.aborted)?;
+    dict.set_item("preemptions", census.preemptions)?;
+    dict.set_item("priority_preemptions", census.priority_preemptions)?;
+    dict.set_item("prompt_tokens", census.prompt_tokens)?;
+    dict.set_item("prefix_hit_tokens", census.prefix_hit_tokens)?;
+    dict.set_item("prefix_cache_queries", census.prefix_cache_queries)?;
+    dict.set_item("prefix_cache_hits", census.prefix_cache_hits)?;
+    dict.set_item("generated_tokens", census.generated_tokens)?;
+    dict.set_item("spec_proposed_tokens", census.spec_proposed_tokens)?;
+    dict.set_item("spec_accepted_tokens", census.spec_accepted_tokens)?;
+    Ok(dict)
+}

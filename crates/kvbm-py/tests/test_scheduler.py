@@ -1,0 +1,183 @@
+"""The scheduler driven as an engine drives it: submit, step, run, apply."""
+
+import pytest
+
+import kvbm
+
+SYSTEM = list(range(64))  # a shared system prompt: four 16-token blocks
+
+
+def run_to_completion(scheduler, token=7, max_steps=100_000):
+    """Steps until idle with a stand-in engine; returns the finished list."""
+    finished = []
+    for _ in range(max_steps):
+        if scheduler.is_idle:
+            return finished
+        plan = scheduler.step()
+        finished += plan.finished
+        report = scheduler.apply(plan.sample_all(token))
+        finished += report.finished
+    raise AssertionError("the scheduler did not go idle")
+
+
+def test_a_synthetic_workload_runs_to_completion_with_prefix_hits():
+    scheduler = kvbm.Scheduler(512, 16, max_running=16, token_budget=1024)
+    for i in range(100):
+        scheduler.submit(i, SYSTEM + [1000 + i] * (i % 20 + 1), 1 + i % 9)
+    finished = run_to_completion(scheduler)
+    assert sorted(f.request_id for f in finished) == list(range(100))
+    assert all(f.reason == "max_tokens" for f in finished)
+    by_id = {f.request_id: f for f in finished}
+    assert by_id[10].generated_tokens == 2
+    census = scheduler.audit()
+    assert census["submitted"] == census["finished"] == 100
+    assert census["generated_tokens"] == sum(1 + i % 9 for i in range(100))
+    assert census["prefix_hit_tokens"] > 0
+    metrics = scheduler.metrics()
+    assert metrics["prefix_cache_hits"] > 0
+    assert metrics["num_requests_running"] == 0
+    assert metrics["kv_cache_usage"] == 0.0
+
+
+def test_a_plan_is_an_object_with_work_items():
+    scheduler = kvbm.Scheduler(64, 16)
+    scheduler.submit(1, SYSTEM + [5, 6], 3)
+    plan = scheduler.step()
+    assert plan.step == 0 and len(plan) == 1 and not plan.is_empty
+    (work,) = list(plan)
+    assert isinstance(work, kvbm.PrefillWork)
+    assert (work.request_id, work.start, work.num_tokens) == (1, 0, 66)
+    assert work.emits_token and work.resumed
+    assert len(work.new_blocks) == 5
+    assert plan.request_ids == [1] and plan.num_tokens == 66
+    assert scheduler.block_table(1) == work.new_blocks
+    report = scheduler.apply({1: 42})
+    assert report.first_tokens == [1] and report.generated_tokens == 1
+    assert scheduler.tokens(1)[-1] == 42
+    plan = scheduler.step()
+    (decode,) = plan.decode
+    assert isinstance(decode, kvbm.DecodeWork)
+    assert decode.position == 66
+    assert "StepPlan(step=1" in repr(plan)
+    assert "DecodeWork(request_id=1" in repr(decode)
+    report = scheduler.apply({1: 43}, stop=[1])
+    assert report.finished == [report.finished[0]]
+    assert report.finished[0].reason == "stop"
+    assert scheduler.is_idle
+
+
+def test_preemption_under_a_small_pool_still_finishes_everyone():
+    scheduler = kvbm.Scheduler(24, 16, max_running=8, watermark_blocks=0, reserve=0)
+    for i in range(12):
+        scheduler.submit(i, [i] * 40, 60)
+    finished = run_to_completion(scheduler)
+    assert len(finished) == 12
+    census = scheduler.audit()
+    assert census["preemptions"] > 0
+    assert census["finished"] == 12
+
+
+def test_cancel_and_abort():
+    scheduler = kvbm.Scheduler(64, 16)
+    for i in range(3):
+        scheduler.submit(i, SYSTEM, 50)
+    scheduler.apply(scheduler.step().sample_all(1))
+    assert scheduler.is_running(0)
+    assert scheduler.cancel(0)
+    assert not scheduler.cancel(99)
+    aborted = scheduler.abort(1)
+    assert (aborted.request_id, aborted.reason) == (1, "aborted")
+    plan = scheduler.step()
+    report = scheduler.apply(plan.sample_all(1))
+    assert [(f.request_id, f.reason) for f in report.finished] == [(0, "cancelled")]
+    with pytest.raises(kvbm.SchedulerError, match="not waiting or running"):
+        scheduler.abort(1)
+    census = scheduler.census()
+    assert census["aborted"] == 2 and census["running"] == 1
+    run_to_completion(scheduler)
+    assert scheduler.audit()["finished"] == 1
+
+
+def test_speculative_outputs_are_lists():
+    scheduler = kvbm.Scheduler(64, 16, speculative_tokens=2)
+    scheduler.submit(7, SYSTEM, 20)
+    scheduler.apply(scheduler.step().sample_all(1))
+    plan = scheduler.step()
+    (decode,) = plan.decode
+    assert decode.draft_tokens == 2
+    report = scheduler.apply({7: [11, 12, 13]})  # both drafts accepted, then 13
+    assert report.generated_tokens == 3
+    assert report.verified_draft_tokens == 2 and report.accepted_draft_tokens == 2
+    plan = scheduler.step()
+    report = scheduler.apply({7: [21]})  # every draft rejected
+    assert report.accepted_draft_tokens == 0
+    assert isinstance(report.rolled_back, dict)
+
+
+def test_refusals_change_nothing():
+    scheduler = kvbm.Scheduler(16, 16)
+    scheduler.submit(1, [1, 2, 3], 4)
+    with pytest.raises(kvbm.SchedulerError, match="already"):
+        scheduler.submit(1, [1, 2, 3], 4)
+    with pytest.raises(kvbm.InvalidArgumentError):
+        scheduler.submit(2, [], 4)
+    with pytest.raises(kvbm.SchedulerError, match="blocks"):
+        scheduler.submit(3, list(range(16 * 17)), 4)
+    with pytest.raises(kvbm.SchedulerError, match="no step is pending"):
+        scheduler.apply({})
+    plan = scheduler.step()
+    with pytest.raises(kvbm.SchedulerError, match="not applied"):
+        scheduler.step()
+    with pytest.raises(kvbm.SchedulerError, match="no engine output"):
+        scheduler.apply({})
+    with pytest.raises(kvbm.SchedulerError, match="did not schedule"):
+        scheduler.apply({1: 5, 99: 5})
+    with pytest.raises(kvbm.InvalidArgumentError):
+        scheduler.apply({1: []})
+    with pytest.raises(TypeError):
+        scheduler.apply({1: "token"})
+    with pytest.raises(kvbm.InvalidArgumentError):
+        scheduler.apply({1: -5})
+    with pytest.raises(kvbm.InvalidArgumentError, match="stop names"):
+        scheduler.apply({1: 5}, stop=[2])
+    scheduler.apply(plan.sample_all(5))  # the plan is still pending and applies
+    assert scheduler.census()["generated_tokens"] == 1
+
+
+def test_events_and_pool_metrics():
+    scheduler = kvbm.Scheduler(64, 16, events=True)
+    scheduler.submit(1, SYSTEM, 2)
+    run_to_completion(scheduler)
+    kinds = [e["type"] for e in scheduler.take_events()]
+    assert kinds[0] == "resync" and "stored" in kinds
+    assert scheduler.pool_metrics()["inactive_blocks"] == 4
+    assert "Scheduler(num_blocks=64" in repr(scheduler)
+    with pytest.raises(kvbm.SchedulerError, match="events=True"):
+        kvbm.Scheduler(8).take_events()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_running": 0},
+        {"token_budget": 0},
+        {"chunk_size": 0},
+        {"preemption": "sometimes"},
+        {"eviction": "fifo"},
+        {"reserve": "most"},
+        {"reserve": -1},
+    ],
+)
+def test_bad_configurations_are_value_errors(kwargs):
+    with pytest.raises(ValueError):
+        kvbm.Scheduler(16, 16, **kwargs)
+
+
+def test_priorities_and_salts():
+    scheduler = kvbm.Scheduler(64, 16, max_running=1)
+    scheduler.submit(1, SYSTEM, 1, priority="low")
+    scheduler.submit(2, SYSTEM, 1, priority="critical", salt="tenant")
+    plan = scheduler.step()
+    assert plan.request_ids == [2]
+    with pytest.raises(kvbm.InvalidArgumentError, match="priority"):
+        scheduler.submit(3, SYSTEM, 1, priority="urgent")
