@@ -351,12 +351,128 @@ pub(crate) struct MetricsArgs {
     pub(crate) metrics_out: Option<PathBuf>,
 }
 
+/// A model's KV layout and memory (serve mode only).
+#[derive(Debug, Args)]
+pub(crate) struct ModelArgs {
+    /// A model's KV layout, from its published config.json: gpt-oss-120b,
+    /// gpt-oss-20b, gemma-3-27b, llama-3.1-8b or llama-4-scout. Its layers
+    /// run as KV cache groups (sliding-window, chunked-local and full
+    /// attention) in one pool of --capacity-bytes; the JSON report gains
+    /// `kv_groups` and `peak_kv_bytes`.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) model: Option<String>,
+    /// A model's layers by attention kind instead of --model:
+    /// comma-separated full:LAYERS, sliding_window:WINDOW:LAYERS and
+    /// chunked_local:CHUNK:LAYERS (e.g. sliding_window:128:18,full:18),
+    /// grouped as vLLM groups them. Needs --kv-bytes-per-token-layer.
+    #[arg(long, value_name = "DESC")]
+    pub(crate) groups: Option<String>,
+    /// With --groups, KV bytes of one token in one layer (2 x KV heads x
+    /// head dim x bytes per element; 2048 for gpt-oss).
+    #[arg(long, value_name = "B")]
+    pub(crate) kv_bytes_per_token_layer: Option<String>,
+    /// With --model or --groups, the KV memory in bytes (40000000000, 40G
+    /// or 40e9): the pool gets floor(B / bytes per block) blocks.
+    #[arg(long, value_name = "B")]
+    pub(crate) capacity_bytes: Option<String>,
+    /// With --model or --groups, treat every layer as full attention (one
+    /// group of all the layers, every token's KV kept: kvbm without KV
+    /// cache groups) in the same --capacity-bytes, for comparison.
+    #[arg(long)]
+    pub(crate) full_attention_only: bool,
+}
+
+impl ModelArgs {
+    /// The KV layout these flags ask for (`None` without --model or
+    /// --groups), refusing flags that do not go together; `capacity` is
+    /// the engine's own capacity flags, which a model's bytes replace.
+    pub(crate) fn setup(
+        &self,
+        capacity: &ServeCapacityArgs,
+    ) -> Result<Option<kvbm_sim::KvSetup>, SimError> {
+        let layout = match (&self.model, &self.groups) {
+            (None, None) => {
+                let alone = [
+                    (self.capacity_bytes.is_some(), "--capacity-bytes"),
+                    (
+                        self.kv_bytes_per_token_layer.is_some(),
+                        "--kv-bytes-per-token-layer",
+                    ),
+                    (self.full_attention_only, "--full-attention-only"),
+                ];
+                if let Some((_, flag)) = alone.into_iter().find(|(given, _)| *given) {
+                    return Err(SimError::MissingFlag {
+                        flag,
+                        needs: "--model or --groups (a model's KV layout)",
+                    });
+                }
+                return Ok(None);
+            }
+            (Some(_), Some(_)) => {
+                return Err(SimError::ConflictingFlags {
+                    flag: "--model",
+                    other: "--groups",
+                    reason: "give a preset or a description of layers, not both",
+                });
+            }
+            (Some(_), None) => "--model",
+            (None, Some(_)) => "--groups",
+        };
+        for (given, other) in [
+            (capacity.capacity_blocks.is_some(), "--capacity-blocks"),
+            (capacity.capacity_tokens.is_some(), "--capacity-tokens"),
+        ] {
+            if given {
+                return Err(SimError::ConflictingFlags {
+                    flag: layout,
+                    other,
+                    reason: "a model's pool is sized in bytes (--capacity-bytes)",
+                });
+            }
+        }
+        let Some(bytes) = &self.capacity_bytes else {
+            return Err(SimError::MissingFlag {
+                flag: layout,
+                needs: "--capacity-bytes (the KV memory in bytes)",
+            });
+        };
+        let capacity_bytes = kvbm_sim::model::parse_bytes("--capacity-bytes", bytes)?;
+        let model = match (&self.model, &self.groups, &self.kv_bytes_per_token_layer) {
+            (Some(_), _, Some(_)) => {
+                return Err(SimError::ConflictingFlags {
+                    flag: "--kv-bytes-per-token-layer",
+                    other: "--model",
+                    reason: "a preset has its own bytes per token",
+                });
+            }
+            (Some(name), _, None) => kvbm_sim::KvModel::preset(name)?,
+            (None, Some(_), None) => {
+                return Err(SimError::MissingFlag {
+                    flag: "--groups",
+                    needs: "--kv-bytes-per-token-layer (a token's KV bytes in one layer)",
+                });
+            }
+            (None, Some(spec), Some(bytes)) => {
+                let bytes = kvbm_sim::model::parse_bytes("--kv-bytes-per-token-layer", bytes)?;
+                kvbm_sim::KvModel::parse_layers(spec, bytes)?
+            }
+            (None, None, _) => return Ok(None),
+        };
+        Ok(Some(
+            kvbm_sim::KvSetup::new(model, capacity_bytes)
+                .with_full_attention_only(self.full_attention_only),
+        ))
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) trace: ReplayTraceArgs,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
     /// Publish the engine's KV events on vLLM's ZeroMQ wire (msgpack
@@ -468,6 +584,27 @@ pub(crate) struct ClusterArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+impl ServeArgs {
+    /// The engine's configuration, with the model's KV layout if one is
+    /// asked for.
+    pub(crate) fn config(&self) -> Result<ServeConfig, SimError> {
+        let config = self.engine.config()?;
+        let Some(kv) = self.model.setup(&self.engine.capacity)? else {
+            return Ok(config);
+        };
+        if self.data_plane.is_some() {
+            return Err(SimError::KvLayoutUnsupported {
+                with: "the data plane (--data-plane)",
+            });
+        }
+        let config = config.with_kv(kv);
+        config.validate()?;
+        // Refuse a pool that cannot be built before loading the trace.
+        config.capacity_blocks()?;
+        Ok(config)
+    }
 }
 
 impl ClusterArgs {

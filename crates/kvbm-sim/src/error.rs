@@ -343,6 +343,82 @@ pub enum SimError {
         /// What is wrong.
         reason: String,
     },
+    /// A `--model` name that is not one of the presets
+    /// ([`ModelPreset::ALL`](crate::ModelPreset::ALL)).
+    #[error(
+        "unknown model `{name}` (expected gpt-oss-120b, gpt-oss-20b, gemma-3-27b, llama-3.1-8b \
+         or llama-4-scout, or describe its layers with --groups)"
+    )]
+    UnknownModel {
+        /// The name given.
+        name: String,
+    },
+    /// A `--groups` description of a model's layers that does not parse or
+    /// describes no model ([`KvModel::parse_layers`](crate::KvModel::parse_layers)).
+    #[error(
+        "invalid --groups `{spec}`: {reason} (expected comma-separated full:LAYERS, \
+         sliding_window:WINDOW:LAYERS, chunked_local:CHUNK:LAYERS)"
+    )]
+    InvalidGroupSpec {
+        /// The description as written.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A byte count (`--capacity-bytes`, `--kv-bytes-per-token-layer`)
+    /// that is 0, not a finite whole number, or too large.
+    #[error("{flag} `{text}` {reason}")]
+    InvalidBytes {
+        /// The flag.
+        flag: &'static str,
+        /// The value as written.
+        text: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// KV memory smaller than one block of the model.
+    #[error(
+        "--capacity-bytes {capacity_bytes} holds no block: one block of this model is \
+         {block_bytes} bytes (block size x layers per group x bytes per token per layer)"
+    )]
+    CapacityBelowBlock {
+        /// The memory given, in bytes.
+        capacity_bytes: u64,
+        /// Bytes of one block.
+        block_bytes: u64,
+    },
+    /// Two flags that exclude each other.
+    #[error("{flag} cannot be combined with {other}: {reason}")]
+    ConflictingFlags {
+        /// The first flag.
+        flag: &'static str,
+        /// The flag it excludes.
+        other: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A flag given without the flag it needs.
+    #[error("{flag} needs {needs}")]
+    MissingFlag {
+        /// The flag given.
+        flag: &'static str,
+        /// What it needs.
+        needs: &'static str,
+    },
+    /// A model's KV layout ([`ServeConfig::kv`](crate::ServeConfig::kv))
+    /// with a feature that does not support it yet.
+    #[error(
+        "a model's KV layout (--model or --groups) does not work with {with} yet: \
+         leave one of them out"
+    )]
+    KvLayoutUnsupported {
+        /// The feature (its flag).
+        with: &'static str,
+    },
+    /// KV cache groups the sequence layer refuses (a window or chunk that
+    /// is not a multiple of the block size, too many groups).
+    #[error("KV cache groups: {0}")]
+    Groups(#[from] kvbm_sequence::GroupError),
     /// The block layer refused an operation the replay relies on; this is a
     /// bug in the simulator or in kvbm-blocks.
     #[error("block manager error: {0}")]

@@ -30,7 +30,12 @@
 //!   hashing sees the trace's prefix sharing. It answers "what latency,
 //!   throughput and preemptions does this pool and scheduler configuration
 //!   give": TTFT and time-per-output-token percentiles, throughput, and the
-//!   hit rate the scheduler saw ([`ServeReport`]).
+//!   hit rate the scheduler saw ([`ServeReport`]). With a model's KV layout
+//!   ([`KvSetup`]: a [`KvModel`] preset such as gpt-oss-120b or Gemma 3,
+//!   from its published config, and the KV memory in bytes) the scheduler
+//!   runs the model's sliding-window, chunked-local and full-attention KV
+//!   cache groups in one pool, and the report says what each group held
+//!   ([`KvReport`]).
 //!
 //! Hits are counted by [`HitStats`]: blocks, and tokens (a hit block counts
 //! its block size, capped at the request's prompt length).
@@ -39,7 +44,8 @@
 //! [--capacity-blocks N | --capacity-tokens N | --unbounded] [--eviction
 //! lru|multi-level|lineage] [--json]`, `kvbm-sim sweep --out DIR`,
 //! `kvbm-sim serve --trace FILE [--capacity-tokens N] [--max-running N]
-//! [--token-budget N] [--chunk-size N] [--step-ms F] ... [--json]`, and with
+//! [--token-budget N] [--chunk-size N] [--step-ms F] ... [--json]` (or
+//! `--model NAME --capacity-bytes B [--full-attention-only]`), and with
 //! no arguments a summary of the embedded excerpt of the Mooncake
 //! conversation trace ([`CONVERSATION_EXCERPT`]).
 //!
@@ -126,6 +132,7 @@ mod events;
 mod eviction;
 mod format;
 pub mod mode;
+pub mod model;
 mod output;
 mod plot;
 mod progress;
@@ -149,9 +156,10 @@ pub use mode::cache::{
 };
 pub use mode::cluster::{ClusterConfig, ClusterReport, ClusterRun, ClusterTiers, PolicyKind};
 pub use mode::serve::{
-    AdmissionStats, Latency, PriorityMix, RequestTimeline, ServeConfig, ServeOutcome, ServeReport,
-    StepTime, priority_from_vllm, prompt_tokens, trace_token,
+    AdmissionStats, KvGroupReport, KvReport, Latency, PriorityMix, RequestTimeline, ServeConfig,
+    ServeOutcome, ServeReport, StepTime, priority_from_vllm, prompt_tokens, trace_token,
 };
+pub use model::{KvModel, KvSetup, LayerCount, ModelPreset};
 pub use output::FigureFiles;
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;

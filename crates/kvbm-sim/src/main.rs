@@ -11,6 +11,9 @@
 //!          [--watermark-blocks N] [--reserve N|full] [--step-ms F]
 //!          [--prefill-token-ms F] [--decode-request-ms F] [--limit N]
 //!          [--audit-every N] [--json]
+//!          [--model gpt-oss-120b|gpt-oss-20b|gemma-3-27b|llama-3.1-8b|llama-4-scout
+//!           | --groups KIND[:SPAN]:LAYERS,... --kv-bytes-per-token-layer B]
+//!          [--capacity-bytes B] [--full-attention-only]
 //! kvbm-sim cluster --trace FILE --engines 16 [--replicate N]
 //!          --policies random,round-robin,least-loaded,kv-aware [engine flags as serve]
 //!          [--memory-limit-gb GB] [--json] [--out DIR]
@@ -204,7 +207,7 @@ fn run_sweep(args: &SweepArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
 fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Result<(), Failure> {
     check_features(args)?;
     let exporter = install_exporter(&args.metrics)?;
-    let config = args.engine.config()?.with_metrics(exporter.is_some());
+    let config = args.config()?.with_metrics(exporter.is_some());
     let loaded = load_replay(&args.trace, progress)?;
     let mut sink = event_sink(args, config.block_size)?;
     let events = sink

@@ -110,9 +110,14 @@ impl TierSweepConfig {
     ///
     /// # Errors
     ///
-    /// As [`ServeConfig::validate`], and the capacity errors of serve mode.
+    /// As [`ServeConfig::validate`], and the capacity errors of serve mode;
+    /// [`SimError::KvLayoutUnsupported`] for an engine with a model's KV
+    /// layout (tiers do not support one yet).
     pub fn gpu_tokens(&self) -> Result<u64, SimError> {
         self.engine.validate()?;
+        if self.engine.kv.is_some() {
+            return Err(SimError::KvLayoutUnsupported { with: "tier-sweep" });
+        }
         let blocks = (self.engine.capacity).resolve_bounded(self.engine.block_size)?;
         Ok((blocks as u64).saturating_mul(self.engine.block_size as u64))
     }

@@ -328,7 +328,9 @@ impl ClusterConfig {
     /// negative or non-finite overlap weight or temperature,
     /// [`SimError::ClusterTooLarge`], [`SimError::InvalidMemoryLimit`] for a
     /// budget of 0 or over [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET),
-    /// and [`ServeConfig::validate`]'s and the capacity's errors.
+    /// [`SimError::KvLayoutUnsupported`] for engines with a model's KV
+    /// layout (serve mode's only, for now), and [`ServeConfig::validate`]'s
+    /// and the capacity's errors.
     pub fn validate(&self) -> Result<(), SimError> {
         self.capacity_blocks().map(drop)
     }
@@ -353,6 +355,11 @@ impl ClusterConfig {
             }
         }
         self.engine.validate()?;
+        if self.engine.kv.is_some() {
+            return Err(SimError::KvLayoutUnsupported {
+                with: "cluster mode",
+            });
+        }
         self.global_pool_blocks()?;
         let capacity_blocks = self
             .engine

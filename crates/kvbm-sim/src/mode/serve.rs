@@ -59,7 +59,9 @@
 //! - **Throughput** divides generated tokens and finished requests by the
 //!   simulated duration, from the first arrival to the end of the last step.
 
+mod config;
 mod draws;
+mod kv;
 mod latency;
 mod report;
 mod step_time;
@@ -74,13 +76,16 @@ use std::time::{Duration, Instant};
 use kvbm_blocks::BlockManager;
 use kvbm_queue::{
     EngineOutput, FinishReason, InferenceRequest, Priority, QueueError, RequestId, Scheduler,
-    SchedulerConfig, StepPlan,
+    StepPlan,
 };
 use kvbm_sequence::HashedPrompt;
 use tracing::instrument;
 
+pub use self::config::ServeConfig;
 use self::draws::Stream;
 pub use self::draws::{PriorityMix, priority_from_vllm};
+use self::kv::KvPeaks;
+pub use self::kv::{KvGroupReport, KvReport};
 pub use self::latency::Latency;
 pub(crate) use self::report::latencies;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
@@ -93,9 +98,7 @@ use self::transfers::EngineTransfers;
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
 use crate::tiers::LinkClock;
 use crate::trace::arrival_nanos;
-use crate::{
-    Capacity, Eviction, HitStats, NoProgress, Progress, SimError, TierSetup, Trace, TraceRequest,
-};
+use crate::{Eviction, HitStats, Progress, SimError, Trace, TraceRequest};
 
 /// A prompt as the simulator submits it: its tokens, or its tokens with the
 /// block hashes a router already computed for them (so the engine's
@@ -115,170 +118,6 @@ const NEVER: u64 = u64::MAX;
 #[derive(Debug)]
 pub(crate) struct Simulated;
 
-/// What to replay in serve mode.
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct ServeConfig {
-    /// Tokens per KV block (default 16, vLLM's; must divide 512).
-    pub block_size: usize,
-    /// Size of the KV pool; must be bounded (default 3M tokens, the
-    /// Mooncake paper's smallest cache).
-    pub capacity: Capacity,
-    /// Which cached block to evict first (default LRU).
-    pub eviction: Eviction,
-    /// The scheduler's limits (default: [`SchedulerConfig::default`]).
-    pub scheduler: SchedulerConfig,
-    /// Simulated cost of a step (default: [`StepTime::default`]).
-    pub step_time: StepTime,
-    /// Run [`Scheduler::audit`] every this many scheduler steps (`None`:
-    /// only once, at the end). O(pool blocks) each time: for tests and
-    /// debugging.
-    pub audit_every: Option<u64>,
-    /// With speculative decoding (`scheduler.speculative_tokens` drafts per
-    /// decode), the probability that the stand-in engine accepts each draft
-    /// token, independently, until the first rejection (default 0.7, a
-    /// typical EAGLE acceptance rate).
-    pub spec_accept: f64,
-    /// Seed of every random draw: priorities from `priorities`, draft
-    /// acceptances (default 0).
-    pub seed: u64,
-    /// Priorities of the requests whose trace line has none, drawn by
-    /// share; `None` (the default) makes them all `Normal`.
-    pub priorities: Option<PriorityMix>,
-    /// Whether the scheduler records its metrics (default `true`; see
-    /// [`Scheduler::set_metrics_enabled`]). The command line turns them off
-    /// unless `--prometheus` or `--metrics-out` asks for them: a step then
-    /// skips reading counts under the queue's and the pool's locks.
-    pub metrics: bool,
-    /// Tiers below the GPU (host, disk) and their links; none by default.
-    pub tiers: TierSetup,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        Self {
-            block_size: 16,
-            capacity: Capacity::Tokens(3_000_000),
-            eviction: Eviction::Lru,
-            scheduler: SchedulerConfig::default(),
-            step_time: StepTime::default(),
-            audit_every: None,
-            spec_accept: 0.7,
-            seed: 0,
-            priorities: None,
-            metrics: true,
-            tiers: TierSetup::default(),
-        }
-    }
-}
-
-impl ServeConfig {
-    /// The defaults with another block size and capacity.
-    pub fn new(block_size: usize, capacity: Capacity) -> Self {
-        Self {
-            block_size,
-            capacity,
-            ..Self::default()
-        }
-    }
-
-    /// Sets [`eviction`](Self::eviction).
-    pub fn with_eviction(mut self, eviction: Eviction) -> Self {
-        self.eviction = eviction;
-        self
-    }
-
-    /// Sets [`scheduler`](Self::scheduler).
-    pub fn with_scheduler(mut self, scheduler: SchedulerConfig) -> Self {
-        self.scheduler = scheduler;
-        self
-    }
-
-    /// Sets [`step_time`](Self::step_time).
-    pub fn with_step_time(mut self, step_time: StepTime) -> Self {
-        self.step_time = step_time;
-        self
-    }
-
-    /// Sets [`audit_every`](Self::audit_every) (0 means only at the end).
-    pub fn with_audit_every(mut self, steps: u64) -> Self {
-        self.audit_every = (steps > 0).then_some(steps);
-        self
-    }
-
-    /// Sets [`spec_accept`](Self::spec_accept).
-    pub fn with_spec_accept(mut self, probability: f64) -> Self {
-        self.spec_accept = probability;
-        self
-    }
-
-    /// Sets [`seed`](Self::seed).
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
-    }
-
-    /// Sets [`priorities`](Self::priorities).
-    pub fn with_priorities(mut self, mix: PriorityMix) -> Self {
-        self.priorities = Some(mix);
-        self
-    }
-
-    /// Sets [`metrics`](Self::metrics).
-    pub fn with_metrics(mut self, metrics: bool) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// Sets [`tiers`](Self::tiers).
-    pub fn with_tiers(mut self, tiers: TierSetup) -> Self {
-        self.tiers = tiers;
-        self
-    }
-
-    /// The scheduler of one engine over `manager`, with the lower tiers
-    /// configured.
-    pub(crate) fn build_scheduler(
-        &self,
-        manager: BlockManager<Simulated>,
-    ) -> Result<Scheduler<Simulated>, SimError> {
-        let scheduler = match (self.tiers).scheduler_config(self.block_size, &self.step_time)? {
-            None => Scheduler::new(manager, self.scheduler)?,
-            Some(tiers) => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
-        };
-        Ok(scheduler)
-    }
-
-    /// Checks what a replay checks before it builds anything.
-    ///
-    /// # Errors
-    ///
-    /// [`SimError::InvalidBlockSize`] unless the block size divides 512;
-    /// [`SimError::InvalidAcceptance`] unless `spec_accept` is in `0..=1`.
-    pub fn validate(&self) -> Result<(), SimError> {
-        let block_size = self.block_size;
-        if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
-            return Err(SimError::InvalidBlockSize { block_size });
-        }
-        if !(0.0..=1.0).contains(&self.spec_accept) {
-            return Err(SimError::InvalidAcceptance {
-                value: self.spec_accept,
-            });
-        }
-        self.tiers.plan(block_size)?;
-        Ok(())
-    }
-
-    /// Replays `trace` through a fresh scheduler.
-    ///
-    /// # Errors
-    ///
-    /// As [`replay`].
-    pub fn run(&self, trace: &Trace) -> Result<ServeReport, SimError> {
-        replay(trace, self, &mut NoProgress)
-    }
-}
-
 /// Replays `trace` in serve mode with `config`, reporting finished requests
 /// to `progress`.
 ///
@@ -286,8 +125,12 @@ impl ServeConfig {
 ///
 /// [`SimError::InvalidBlockSize`] unless the block size divides 512;
 /// [`SimError::InvalidAcceptance`] unless `spec_accept` is in `0..=1`;
-/// [`SimError::UnboundedServe`], [`SimError::ZeroCapacity`] or
-/// [`SimError::CapacityTooLarge`] for a pool that cannot be built;
+/// [`SimError::UnboundedServe`], [`SimError::ZeroCapacity`],
+/// [`SimError::CapacityTooLarge`] or [`SimError::CapacityBelowBlock`] for
+/// a pool that cannot be built; with a model's KV layout
+/// ([`ServeConfig::kv`]), [`SimError::KvLayoutUnsupported`] with tiers or
+/// speculative decoding and [`SimError::Groups`] for groups the block size
+/// does not fit;
 /// [`SimError::Scheduler`] for a scheduler limit of zero, or if the
 /// scheduler refuses an operation or fails an audit (a bug);
 /// [`SimError::Stalled`] if it stops making progress (a bug);
@@ -327,7 +170,9 @@ pub fn replay_with_events(
 ///
 /// As [`replay_with_events`], and [`SimError::DataPlane`] if there is no
 /// lower tier, the stores cannot be opened, or device memory and host
-/// arenas would exceed [`MAX_DATA_PLANE_BYTES`](crate::MAX_DATA_PLANE_BYTES).
+/// arenas would exceed [`MAX_DATA_PLANE_BYTES`](crate::MAX_DATA_PLANE_BYTES);
+/// [`SimError::KvLayoutUnsupported`] for a data plane with a model's KV
+/// layout.
 #[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
 pub fn replay_with_data_plane(
     trace: &Trace,
@@ -337,8 +182,13 @@ pub fn replay_with_data_plane(
     data_plane: Option<&crate::DataPlaneSpec>,
 ) -> Result<ServeReport, SimError> {
     config.validate()?;
+    if config.kv.is_some() && data_plane.is_some() {
+        return Err(SimError::KvLayoutUnsupported {
+            with: "the data plane (--data-plane)",
+        });
+    }
     let block_size = config.block_size;
-    let capacity_blocks = config.capacity.resolve_bounded(block_size)?;
+    let capacity_blocks = config.capacity_blocks()?;
     let started = Instant::now();
     let manager = BlockManager::<Simulated>::builder()
         .block_count(capacity_blocks)
@@ -468,6 +318,8 @@ pub(crate) struct ServeSim<'a> {
     /// With tiers below the GPU: the transfers on their links (and, with
     /// a data plane, their bytes).
     transfers: Option<EngineTransfers>,
+    /// With a model's KV layout: the pool's and the groups' peaks.
+    kv: Option<KvPeaks>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -538,7 +390,8 @@ impl<'a> ServeSim<'a> {
     ///
     /// # Errors
     ///
-    /// [`SimError::InvalidTiers`] for tiers that cannot be planned.
+    /// [`SimError::InvalidTiers`] for tiers that cannot be planned; as
+    /// [`KvSetup::groups`](crate::KvSetup::groups) for a model's layout.
     fn with_arrivals(
         trace: &'a Trace,
         config: &ServeConfig,
@@ -575,6 +428,9 @@ impl<'a> ServeSim<'a> {
             events: None,
             lower_events: Vec::new(),
             transfers,
+            kv: (config.kv)
+                .map(|kv| KvPeaks::new(kv, config.block_size))
+                .transpose()?,
         })
     }
 
@@ -780,6 +636,10 @@ impl<'a> ServeSim<'a> {
         // The plan's lists are reused from step to step.
         let mut plan = self.plan.take().unwrap_or_default();
         let planned = self.scheduler.step_into(&mut plan);
+        if let (Ok(()), Some(kv)) = (&planned, &mut self.kv) {
+            // The step's allocations are held; nothing it ends is freed yet.
+            kv.observe(&self.scheduler);
+        }
         let changed = planned
             .map_err(SimError::from)
             .and_then(|()| self.step(&plan));
@@ -1140,6 +1000,7 @@ impl<'a> ServeSim<'a> {
             }),
             tiers: self.tier_report(),
             data_plane: (self.transfers.as_ref()).and_then(EngineTransfers::data_plane_report),
+            kv: self.kv.as_ref().map(KvPeaks::report),
             requests: timelines,
         })
     }
@@ -1188,5 +1049,7 @@ impl<'a> ServeSim<'a> {
 mod tests;
 #[cfg(test)]
 mod tests_data_plane;
+#[cfg(test)]
+mod tests_groups;
 #[cfg(test)]
 mod tests_tiers;

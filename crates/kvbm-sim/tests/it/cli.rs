@@ -397,6 +397,190 @@ fn serve_json_has_the_documented_fields_and_honours_every_option() {
     assert_eq!(json["trace"], path.to_str().unwrap());
 }
 
+/// `--model`: the report gains the groups and the memory; `--groups`
+/// describing the same layers replays the same; without either, none of
+/// the new fields appear.
+#[test]
+fn serve_with_a_model_reports_its_groups_and_memory() {
+    let run = |args: &[&str]| {
+        let mut all = vec!["serve", "--limit", "40", "--json"];
+        all.extend_from_slice(args);
+        let output = kvbm_sim(&all);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        serde_json::from_str::<serde_json::Value>(&stdout(&output)).unwrap()
+    };
+    let gpt = run(&["--model", "gpt-oss-120b", "--capacity-bytes", "10e9"]);
+    assert_eq!(gpt["model"], "gpt-oss-120b");
+    assert_eq!(gpt["full_attention_only"], false);
+    assert_eq!(gpt["capacity_bytes"], 10_000_000_000u64);
+    // 16 tokens x 18 layers x 2 KiB a block.
+    assert_eq!(gpt["kv_block_bytes"], 589_824);
+    assert_eq!(gpt["capacity_blocks"], 16_954);
+    assert_eq!(gpt["finished_requests"], 40);
+    let groups = gpt["kv_groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2);
+    assert_eq!(
+        (
+            &groups[1]["kind"],
+            &groups[1]["window"],
+            &groups[1]["layers"]
+        ),
+        (&"sliding_window".into(), &128.into(), &18.into())
+    );
+    let peak = gpt["peak_kv_bytes"].as_u64().unwrap();
+    assert!(peak > 0 && peak <= 10_000_000_000, "{peak}");
+
+    let custom = run(&[
+        "--groups",
+        "sliding_window:128:18,full:18",
+        "--kv-bytes-per-token-layer",
+        "2048",
+        "--capacity-bytes",
+        "10G",
+    ]);
+    assert_eq!(custom["model"], "custom");
+    for field in ["kv_groups", "peak_kv_bytes", "ttft", "hit_tokens", "steps"] {
+        assert_eq!(custom[field], gpt[field], "{field}");
+    }
+
+    let full = run(&[
+        "--model",
+        "gpt-oss-120b",
+        "--capacity-bytes",
+        "10e9",
+        "--full-attention-only",
+    ]);
+    assert_eq!(full["full_attention_only"], true);
+    assert_eq!(full["kv_groups"].as_array().unwrap().len(), 1);
+    assert_eq!(full["capacity_blocks"], 8_477);
+
+    let plain = run(&[]);
+    for field in ["model", "kv_groups", "peak_kv_bytes", "capacity_bytes"] {
+        assert!(plain.get(field).is_none(), "{field}");
+    }
+}
+
+#[test]
+fn serve_model_flags_that_do_not_fit_are_refused() {
+    let gpt = [
+        "serve",
+        "--model",
+        "gpt-oss-120b",
+        "--capacity-bytes",
+        "10e9",
+    ];
+    fn with<'a>(gpt: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = gpt.to_vec();
+        args.extend_from_slice(extra);
+        args
+    }
+    fails_with(
+        &["serve", "--model", "gpt-5", "--capacity-bytes", "1G"],
+        "unknown model `gpt-5` (expected gpt-oss-120b, gpt-oss-20b, gemma-3-27b",
+    );
+    fails_with(
+        &["serve", "--model", "gpt-oss-120b"],
+        "--model needs --capacity-bytes",
+    );
+    fails_with(
+        &with(&gpt, &["--capacity-tokens", "3M"]),
+        "--model cannot be combined with --capacity-tokens",
+    );
+    fails_with(
+        &with(&gpt, &["--capacity-blocks", "6000"]),
+        "--model cannot be combined with --capacity-blocks",
+    );
+    fails_with(
+        &with(&gpt, &["--groups", "full:4"]),
+        "--model cannot be combined with --groups",
+    );
+    fails_with(
+        &with(&gpt, &["--kv-bytes-per-token-layer", "2048"]),
+        "--kv-bytes-per-token-layer cannot be combined with --model",
+    );
+    fails_with(
+        &["serve", "--capacity-bytes", "10e9"],
+        "--capacity-bytes needs --model or --groups",
+    );
+    fails_with(
+        &["serve", "--full-attention-only"],
+        "--full-attention-only needs --model or --groups",
+    );
+    fails_with(
+        &["serve", "--groups", "full:4", "--capacity-bytes", "1G"],
+        "--groups needs --kv-bytes-per-token-layer",
+    );
+    fails_with(
+        &[
+            "serve",
+            "--groups",
+            "full:4,window:128:4",
+            "--kv-bytes-per-token-layer",
+            "2048",
+            "--capacity-bytes",
+            "1G",
+        ],
+        "invalid --groups `full:4,window:128:4`: unknown attention kind `window`",
+    );
+    fails_with(
+        &[
+            "serve",
+            "--groups",
+            "full:4",
+            "--kv-bytes-per-token-layer",
+            "0",
+            "--capacity-bytes",
+            "1G",
+        ],
+        "--kv-bytes-per-token-layer `0` must be between 1 and 2^63 bytes",
+    );
+    fails_with(
+        &[
+            "serve",
+            "--groups",
+            "full:4",
+            "--kv-bytes-per-token-layer",
+            "1G",
+            "--capacity-bytes",
+            "1G",
+        ],
+        "--kv-bytes-per-token-layer `1000000000` must be at least 1 and at most 16777216 (16 MiB)",
+    );
+    for bad in ["0", "NaN", "inf", "-5", "1.5", "1e400"] {
+        let flag = format!("--capacity-bytes={bad}");
+        fails_with(
+            &["serve", "--model", "gpt-oss-120b", &flag],
+            &format!("--capacity-bytes `{bad}`"),
+        );
+    }
+    fails_with(
+        &[
+            "serve",
+            "--model",
+            "gpt-oss-120b",
+            "--capacity-bytes",
+            "500000",
+        ],
+        "--capacity-bytes 500000 holds no block: one block of this model is 589824 bytes",
+    );
+    fails_with(
+        &with(&gpt, &["--block-size", "256"]),
+        "KV cache groups: KV cache group 1 (sliding_window:128) is not a multiple of the 256-token block",
+    );
+    fails_with(
+        &with(&gpt, &["--host-tier-tokens", "1000000"]),
+        "does not work with tiers below the GPU",
+    );
+    fails_with(
+        &with(&gpt, &["--spec-tokens", "2"]),
+        "does not work with speculative decoding",
+    );
+    fails_with(
+        &with(&gpt, &["--data-plane", "host"]),
+        "does not work with the data plane",
+    );
+}
+
 /// Speculative decoding and priorities on the excerpt: the report's new
 /// fields, consistent with each other and with the flags.
 #[test]

@@ -7,7 +7,7 @@ use kvbm_queue::{Census, Priority, SchedulerConfig};
 use serde_json::json;
 
 use super::latency::ms;
-use super::{Latency, StepTime, TierReport};
+use super::{KvReport, Latency, StepTime, TierReport};
 use crate::format::{group, percent};
 use crate::trace::ratio;
 use crate::{Eviction, HitStats, KvEventCounts};
@@ -194,6 +194,9 @@ pub struct ServeReport {
     /// What the data plane moved and checked, with one
     /// ([`replay_with_data_plane`](super::replay_with_data_plane)).
     pub data_plane: Option<crate::DataPlaneReport>,
+    /// What a model's KV cache groups took of the pool, with a model's
+    /// layout ([`ServeConfig::kv`](super::ServeConfig::kv)).
+    pub kv: Option<KvReport>,
     /// Every trace request, in trace order.
     pub requests: Vec<RequestTimeline>,
 }
@@ -253,7 +256,12 @@ impl ServeReport {
 
     /// The report as one JSON object (the `--json` output). With tiers
     /// below the GPU it gains `tiers` (one object per tier) and
-    /// `onboarding`; without, it is exactly as before tiers existed.
+    /// `onboarding`; without, it is exactly as before tiers existed. With a
+    /// model's KV layout ([`kv`](Self::kv)) it gains `model`,
+    /// `full_attention_only`, `capacity_bytes`, `layers_per_block`,
+    /// `kv_block_bytes`, `kv_groups` (per group `kind`, `window`, `chunk`,
+    /// `layers`, `peak_blocks`), `peak_blocks_in_use` and `peak_kv_bytes`
+    /// (see [`KvReport`]).
     pub fn to_json(&self) -> serde_json::Value {
         let mut report = self.json_without_tiers();
         if let (Some(tiers), Some(map)) = (&self.tiers, report.as_object_mut()) {
@@ -266,6 +274,9 @@ impl ServeReport {
                 "data_plane".to_owned(),
                 serde_json::to_value(data_plane).unwrap_or_default(),
             );
+        }
+        if let (Some(kv), Some(map)) = (&self.kv, report.as_object_mut()) {
+            map.extend(kv.json_fields());
         }
         report
     }
@@ -472,6 +483,9 @@ impl fmt::Display for ServeReport {
                 data.bytes_read,
                 data.wait_seconds
             )?;
+        }
+        if let Some(kv) = &self.kv {
+            write!(f, "{kv}")?;
         }
         writeln!(f, "  replay {:.1} ms", ms(self.replay_time))
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kvbm_queue::{GenerationReserve, SchedulerConfig};
 
 use super::*;
-use crate::{Trace, TraceRequest};
+use crate::{Capacity, Trace, TraceRequest};
 
 /// A request at `timestamp` ms with a prompt of `input` tokens made of the
 /// trace blocks `ids`, generating `output` tokens.

@@ -4,7 +4,7 @@
 
 use super::tests_tiers::request;
 use super::*;
-use crate::{DataPlaneSpec, Trace};
+use crate::{Capacity, DataPlaneSpec, NoProgress, TierSetup, Trace};
 
 /// A prompt pushed out of a 4,096-token GPU pool and asked for again.
 fn trace() -> Trace {

@@ -4,7 +4,7 @@
 //! without tiers the report is what it was.
 
 use super::*;
-use crate::{Link, Offload, Trace, TraceRequest};
+use crate::{Capacity, Link, Offload, TierSetup, Trace, TraceRequest};
 
 pub(super) fn request(timestamp: u64, ids: &[u64], output: u64) -> TraceRequest {
     TraceRequest {
