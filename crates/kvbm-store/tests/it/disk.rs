@@ -54,6 +54,18 @@ fn poke(dir: &Path, slot: u64, offset: u64, bytes: &[u8]) {
     file.write_all_at(bytes, at + offset).unwrap();
 }
 
+/// Ends `slot`'s file 10 bytes into the slot's block: a write that a crash
+/// cut short.
+fn cut_in_block(dir: &Path, slot: u64) {
+    let (path, at) = slot_at(dir, slot);
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(at + HEADER + 10)
+        .unwrap();
+}
+
 fn flip(dir: &Path, slot: u64, offset: u64) {
     let (path, at) = slot_at(dir, slot);
     let file = OpenOptions::new()
@@ -150,13 +162,7 @@ fn a_reopen_after_a_crash_drops_and_counts_torn_and_corrupt_slots() {
     flip(dir.path(), 2, 12); // a header's key rots
     poke(dir.path(), 3, 0, &[0; HEADER as usize]); // the header never landed
     // The last slot of the second file is cut short mid-block.
-    let (path, at) = slot_at(dir.path(), 7);
-    OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len(at + HEADER + 10)
-        .unwrap();
+    cut_in_block(dir.path(), 7);
 
     let store = open(dir.path(), 8);
     let recovery = store.recovery();
@@ -449,13 +455,7 @@ fn a_crash_mid_run_keeps_the_slots_that_landed_and_drops_the_rest() {
         HEADER + 100,
         &vec![0; (2 * STRIDE + HEADER - from) as usize],
     );
-    let (path, at) = slot_at(dir.path(), 3);
-    OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len(at + HEADER + 10)
-        .unwrap();
+    cut_in_block(dir.path(), 3);
     let store = open(dir.path(), 4);
     let recovery = store.recovery();
     assert_eq!(recovery.blocks, 1);
