@@ -10,6 +10,7 @@ mod package;
 mod python;
 mod redis;
 mod store_limits;
+mod vllm;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -116,6 +117,7 @@ fn main() -> Result<()> {
         Some("bench") => bench(&sh),
         Some("mocker-compare") => mocker::compare(&sh, text_option(&args, "--trace")?),
         Some("store-limits") => store_limits::run(&sh),
+        Some("vllm-groups") => vllm::groups(&sh, text_option(&args, "--trace")?),
         Some("fuzz") => fuzz(&sh, cases.unwrap_or(DEFAULT_FUZZ_CASES)),
         Some(name) => match GATES.iter().find(|gate| gate.name == name) {
             Some(gate) => (gate.run)(&sh),
@@ -149,6 +151,12 @@ fn help() {
         "  {:<12} each block store beside its medium's limit (memcpy, plain file I/O, \
          redis-benchmark), as a ratio table (not part of ci)",
         "store-limits"
+    );
+    eprintln!(
+        "  {:<12} vLLM 0.33's KV cache manager and kvbm's grouped sequences on one trace: \
+         the same hits and blocks per group (--trace FILE; installs vLLM into target/vllm-venv, \
+         about 9.5 GB; not part of ci)",
+        "vllm-groups"
     );
     eprintln!(
         "  {:<12} run every crate's API fuzzers and liveness properties long, in release \
