@@ -129,11 +129,23 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
     if env::var_os("CI").is_none() {
         args.push("--allow-dirty".to_owned());
     }
-    cmd!(sh, "{cargo} package --all-features {args...}").run()?;
+    forget_unpacked(sh, &crates)?;
+    // Verification builds in a target directory of its own, emptied first:
+    // cargo does not rebuild a registry dependency whose version it built
+    // before, and ours keep their version while their code changes.
+    let verify = root.join("target/package-verify");
+    if verify.exists() {
+        sh.remove_path(&verify)?;
+    }
+    cmd!(
+        sh,
+        "{cargo} package --all-features --target-dir {verify} {args...}"
+    )
+    .run()?;
 
     // What shipped: each package's README and license, as cargo unpacked
     // them to verify it.
-    let unpacked = root.join("target/package");
+    let unpacked = verify.join("package");
     let mut missing = Vec::new();
     for krate in &crates {
         let dir = unpacked.join(format!("{}-{}", krate.name, krate.version));
@@ -153,6 +165,41 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
         crates.len(),
         names.join(", ")
     );
+    Ok(())
+}
+
+/// Removes the copies of our packages that an earlier run of this gate
+/// left unpacked in cargo's home. Cargo verifies a package against the
+/// others through a local registry in its target directory, unpacks each
+/// dependency into `$CARGO_HOME/registry/src/-<hash of that path>/` and
+/// reuses an unpacked `name-version` it finds there: on a machine that ran
+/// the gate before from the same directory, a crate would be verified
+/// against an older version of its dependency. Only those local-registry
+/// directories (named from a `-`) are touched, never crates.io's.
+fn forget_unpacked(sh: &Shell, crates: &[Publishable]) -> Result<()> {
+    let home = match env::var_os("CARGO_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => match env::var_os("HOME") {
+            Some(home) => Path::new(&home).join(".cargo"),
+            None => return Ok(()),
+        },
+    };
+    let Ok(registries) = std::fs::read_dir(home.join("registry/src")) else {
+        return Ok(());
+    };
+    for registry in registries.flatten() {
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for krate in crates {
+            let stale = registry
+                .path()
+                .join(format!("{}-{}", krate.name, krate.version));
+            if stale.exists() {
+                sh.remove_path(&stale)?;
+            }
+        }
+    }
     Ok(())
 }
 
