@@ -296,16 +296,24 @@ pub(crate) const DYNAMO_RUNTIME: &str = "ai-dynamo-runtime==1.6.1";
 /// The interop virtualenv (created on first use), with `package` installed;
 /// its Python.
 pub(crate) fn interop_python(sh: &Shell, package: &str) -> Result<PathBuf> {
-    let venv = project_root().join("target/interop-venv");
+    venv_with(sh, "interop-venv", &[package])
+}
+
+/// The Python of the virtualenv `target/<name>` (created on first use),
+/// with `packages` installed by pip.
+pub(crate) fn venv_with(sh: &Shell, name: &str, packages: &[&str]) -> Result<PathBuf> {
+    let venv = project_root().join("target").join(name);
     let python = venv.join("bin/python");
     if !python.exists() {
         cmd!(sh, "python3 -m venv {venv}").run()?;
     }
-    cmd!(
-        sh,
-        "{python} -m pip install --quiet --disable-pip-version-check {package}"
-    )
-    .run()?;
+    if !packages.is_empty() {
+        cmd!(
+            sh,
+            "{python} -m pip install --quiet --disable-pip-version-check {packages...}"
+        )
+        .run()?;
+    }
     Ok(python)
 }
 

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::{cargo, project_root};
+use crate::{cargo, project_root, venv_with};
 
 /// The build backend that makes the wheel (abi3, CPython >= 3.11).
 const MATURIN: &str = "maturin==1.16.0";
@@ -24,17 +24,7 @@ const PYTEST: &str = "pytest==9.2.0";
 /// The gate's virtualenv (created on first use) with maturin and pytest;
 /// its Python.
 fn venv_python(sh: &Shell) -> Result<PathBuf> {
-    let venv = project_root().join("target/python-venv");
-    let python = venv.join("bin/python");
-    if !python.exists() {
-        cmd!(sh, "python3 -m venv {venv}").run()?;
-    }
-    cmd!(
-        sh,
-        "{python} -m pip install --quiet --disable-pip-version-check {MATURIN} {PYTEST}"
-    )
-    .run()?;
-    Ok(python)
+    venv_with(sh, "python-venv", &[MATURIN, PYTEST])
 }
 
 pub(crate) fn run(sh: &Shell) -> Result<()> {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use xshell::{Shell, cmd};
 
-use crate::{cargo, project_root};
+use crate::{cargo, project_root, venv_with};
 
 /// The vLLM release whose manager is the reference.
 const VLLM: &str = "vllm==0.33.0";
@@ -28,14 +28,11 @@ const BLOCKS: &str = "2200";
 
 /// The virtualenv with vLLM (made on first use); its Python.
 fn vllm_python(sh: &Shell) -> Result<PathBuf> {
+    let python = venv_with(sh, "vllm-venv", &[])?;
     let venv = project_root().join("target/vllm-venv");
-    let python = venv.join("bin/python");
     let ready = venv.join("installed");
     if ready.exists() {
         return Ok(python);
-    }
-    if !python.exists() {
-        cmd!(sh, "python3 -m venv {venv}").run()?;
     }
     let pip = ["-m", "pip", "--disable-pip-version-check", "--quiet"];
     cmd!(sh, "{python} {pip...} install --no-deps {VLLM}").run()?;

@@ -15,11 +15,11 @@ use kvbm_queue::{
     QueueConfig, QueueError, Request, RequestId, RequestQueue, Scheduler, SchedulerConfig,
     SchedulerError, Selection, StepPlan, Ticket,
 };
-use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups, Salt};
+use kvbm_sequence::{KvCacheGroups, Salt};
 use proptest::prelude::*;
 
 use super::scheduler::Gpu;
-use super::{Req, fuzz_cases};
+use super::{Req, fuzz_cases, kv_groups};
 
 fn priority() -> impl Strategy<Value = Priority> {
     prop_oneof![
@@ -460,24 +460,6 @@ fn snapshot(s: &Scheduler<Gpu>) -> Snapshot {
         })
         .collect();
     (s.census(), tables)
-}
-
-/// KV cache groups over `block_size`: one to three of any kind, spans of
-/// one to four blocks.
-fn kv_groups(block_size: usize) -> impl Strategy<Value = Arc<KvCacheGroups>> {
-    let kind = prop_oneof![
-        Just(AttentionKind::Full),
-        (1usize..5).prop_map(move |w| AttentionKind::SlidingWindow {
-            window: w * block_size
-        }),
-        (1usize..5).prop_map(move |c| AttentionKind::ChunkedLocal {
-            chunk: c * block_size
-        }),
-    ];
-    prop::collection::vec(kind, 1..4).prop_map(move |kinds| {
-        let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 1)).collect();
-        Arc::new(KvCacheGroups::new(block_size, groups).expect("valid groups"))
-    })
 }
 
 fn audited(s: &Scheduler<Gpu>) -> Result<(), TestCaseError> {

@@ -19,11 +19,11 @@ use kvbm_queue::{
     Aging, FinishReason, Finished, GenerationReserve, InferenceRequest, Preemption, Priority,
     QueueError, RequestId, SchedulerConfig,
 };
-use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups, Salt, block_hash, chain_hash};
+use kvbm_sequence::{KvCacheGroups, Salt, block_hash, chain_hash};
 use proptest::prelude::*;
 
-use super::fuzz_cases;
 use super::scheduler::{Gpu, outputs, scheduler};
+use super::{fuzz_cases, kv_groups};
 
 /// Follows the scheduler's cache events as a router would, failing on any
 /// that a router could not apply: a gap, a removal of something never
@@ -174,22 +174,11 @@ impl Workload {
     }
 }
 
+/// A third of the workloads run a model of several KV cache groups.
 fn groups() -> impl Strategy<Value = Option<Arc<KvCacheGroups>>> {
-    let kind = prop_oneof![
-        Just(AttentionKind::Full),
-        (1usize..4).prop_map(|w| AttentionKind::SlidingWindow {
-            window: w * BS as usize
-        }),
-        (1usize..4).prop_map(|c| AttentionKind::ChunkedLocal {
-            chunk: c * BS as usize
-        }),
-    ];
     prop_oneof![
         2 => Just(None),
-        1 => prop::collection::vec(kind, 1..4).prop_map(|kinds| {
-            let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 1)).collect();
-            Some(Arc::new(KvCacheGroups::new(BS as usize, groups).expect("valid")))
-        }),
+        1 => kv_groups(BS as usize).prop_map(Some),
     ]
 }
 

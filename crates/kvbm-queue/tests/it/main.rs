@@ -38,7 +38,14 @@ mod telemetry;
 #[cfg(not(kvbm_loom))]
 mod tiers;
 
+#[cfg(not(kvbm_loom))]
+use std::sync::Arc;
+
 use kvbm_queue::{Priority, QueueConfig, Request, RequestQueue};
+#[cfg(not(kvbm_loom))]
+use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
+#[cfg(not(kvbm_loom))]
+use proptest::prelude::*;
 
 /// Cases per fuzz test: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N`
 /// sets it), else `default`, sized for CI.
@@ -47,6 +54,25 @@ pub(crate) fn fuzz_cases(default: u32) -> u32 {
         .ok()
         .and_then(|cases| cases.parse().ok())
         .unwrap_or(default)
+}
+
+/// KV cache groups over `block_size`: one to three of any kind, spans of
+/// one to four blocks (the fuzzers' and the liveness property's models).
+#[cfg(not(kvbm_loom))]
+pub(crate) fn kv_groups(block_size: usize) -> impl Strategy<Value = Arc<KvCacheGroups>> {
+    let kind = prop_oneof![
+        Just(AttentionKind::Full),
+        (1usize..5).prop_map(move |w| AttentionKind::SlidingWindow {
+            window: w * block_size
+        }),
+        (1usize..5).prop_map(move |c| AttentionKind::ChunkedLocal {
+            chunk: c * block_size
+        }),
+    ];
+    prop::collection::vec(kind, 1..4).prop_map(move |kinds| {
+        let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 1)).collect();
+        Arc::new(KvCacheGroups::new(block_size, groups).expect("valid groups"))
+    })
 }
 
 /// A plain request. With the default 16-token blocks and `max_new: 0`, its
