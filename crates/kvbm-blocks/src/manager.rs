@@ -212,6 +212,72 @@ impl<M> BlockManager<M> {
         Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
     }
 
+    /// Allocates a block for each of `hashes` and registers it under that
+    /// hash at once, under one lock: for blocks whose KV is in place by the
+    /// time they are registered (a lower tier filled by a synchronous copy,
+    /// a replay that moves no KV). The result is what
+    /// [`allocate_blocks`](Self::allocate_blocks), staging each block and
+    /// [`register_blocks`](Self::register_blocks) would give, in that order
+    /// of evictions and registrations, without a handle per block on the
+    /// way. A hash already registered is handled as `register_blocks`
+    /// handles it ([`DuplicatePolicy`]).
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    ///
+    /// struct Host;
+    /// let pool = BlockManager::<Host>::builder().block_count(4).build()?;
+    /// let hashes = [SequenceHash::root(1), SequenceHash::root(2)];
+    /// let stored = pool.store_blocks(&hashes)?;
+    /// assert_eq!(stored.len(), 2);
+    /// drop(stored);
+    /// assert_eq!(pool.match_blocks(&hashes[..1]).len(), 1);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate_blocks`](Self::allocate_blocks), with nothing
+    /// allocated or registered.
+    pub fn store_blocks(&self, hashes: &[SequenceHash]) -> Result<ImmutableBlocks<M>, BlockError> {
+        let mut infos = Vec::new();
+        let stored = self.shared.lock().store(hashes, &mut infos);
+        stored.inspect_err(|err| debug!(count = hashes.len(), %err, "store refused"))?;
+        trace!(count = infos.len(), "stored");
+        Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
+    }
+
+    /// Stores copies arriving in this pool (a lower tier's write-through)
+    /// under one lock: each of `hashes` not registered yet gets a block,
+    /// registered and left cached (matchable, evictable, not pinned),
+    /// evicting cached blocks for room in policy order, while any block is
+    /// left to take. `hashes` keeps the ones stored, in order; returns how
+    /// many of the missing ones did not fit. The same evictions,
+    /// registrations and events as [`allocate_blocks`](Self::allocate_blocks)
+    /// of the missing ones, [`register_blocks`](Self::register_blocks) and
+    /// dropping the handles, without a handle per block.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    ///
+    /// struct Host;
+    /// let pool = BlockManager::<Host>::builder().block_count(2).build()?;
+    /// let (one, two, three) = (SequenceHash::root(1), SequenceHash::root(2), SequenceHash::root(3));
+    /// let mut hashes = vec![one, two, three];
+    /// assert_eq!(pool.cache_blocks(&mut hashes), 1, "the third does not fit");
+    /// assert_eq!(hashes, [one, two]);
+    /// let mut again = vec![two];
+    /// assert_eq!(pool.cache_blocks(&mut again), 0);
+    /// assert!(again.is_empty(), "cached already: nothing stored twice");
+    /// assert_eq!(pool.match_blocks(&[one, two]).len(), 2);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    pub fn cache_blocks(&self, hashes: &mut Vec<SequenceHash>) -> usize {
+        let skipped = self.shared.lock().cache(hashes);
+        trace!(stored = hashes.len(), skipped, "cached");
+        skipped
+    }
+
     /// The longest prefix of `hashes` that is registered, pinned. Cached
     /// blocks in it are revived (they leave the inactive pool).
     pub fn match_blocks(&self, hashes: &[SequenceHash]) -> ImmutableBlocks<M> {
@@ -226,6 +292,18 @@ impl<M> BlockManager<M> {
     pub fn scan_matches(&self, hashes: &[SequenceHash]) -> Vec<bool> {
         let pool = self.shared.lock();
         hashes.iter().map(|&hash| pool.contains(hash)).collect()
+    }
+
+    /// How many leading `hashes` are registered: the length of the prefix
+    /// [`match_blocks`](Self::match_blocks) would pin, without pinning
+    /// anything and without touching eviction order. Stops at the first
+    /// hash that is not, so it costs the prefix, not the whole list.
+    pub fn registered_prefix(&self, hashes: &[SequenceHash]) -> usize {
+        let pool = self.shared.lock();
+        hashes
+            .iter()
+            .take_while(|&&hash| pool.contains(hash))
+            .count()
     }
 
     /// Blocks an allocation could get now: free plus cached (evictable).

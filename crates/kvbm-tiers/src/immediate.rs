@@ -6,7 +6,6 @@
 
 use kvbm_blocks::{ImmutableBlocks, SequenceHash};
 
-use crate::settle::stage_all;
 use crate::{Lower, OffloadPolicy, Tiers};
 
 impl<D> Tiers<D> {
@@ -15,7 +14,7 @@ impl<D> Tiers<D> {
     /// as each tier's policy says); the number stored into the first tier.
     /// Blocks present below, or on their way by a transfer in flight, are
     /// skipped, as by `offload`.
-    pub fn offload_now(&mut self, blocks: ImmutableBlocks<D>) -> usize {
+    pub fn offload_now(&mut self, blocks: &ImmutableBlocks<D>) -> usize {
         let Some(first) = self.lower.first() else {
             return 0;
         };
@@ -25,10 +24,8 @@ impl<D> Tiers<D> {
         let policy = first.config.offload;
         let hashes = blocks.sequence_hashes();
         let keep = self.wanted(policy, &hashes);
-        // The sources stay pinned (by `blocks`) until the copies are done.
-        let stored = self.store_now(0, &hashes, keep);
-        drop(blocks);
-        stored
+        // The sources stay pinned by the caller's `blocks` meanwhile.
+        self.store_now(0, &hashes, keep)
     }
 
     /// Stores the blocks of `hashes` that `keep` marks into lower tier
@@ -38,41 +35,26 @@ impl<D> Tiers<D> {
         let Some(tier) = self.lower.get_mut(index) else {
             return 0;
         };
-        let present = tier.pool.scan_matches(hashes);
-        let mut wanted: Vec<SequenceHash> = Vec::with_capacity(hashes.len());
-        for (i, &hash) in hashes.iter().enumerate() {
-            // Present, or on its way by a transfer in flight. (Twice in one
-            // batch is a hash collision between two blocks of one chain:
-            // the pool's registration keeps one copy.)
-            if !keep[i] || present[i] || tier.incoming.contains(&hash.value()) {
-                continue;
-            }
-            wanted.push(hash);
-        }
-        let room = tier.pool.available_blocks();
-        if wanted.len() > room {
-            tier.stats.skipped_stores += (wanted.len() - room) as u64;
-            wanted.truncate(room);
-        }
-        if wanted.is_empty() {
+        // Not wanted, or on its way by a transfer in flight (present ones
+        // the pool skips itself). Twice in one batch is a hash collision
+        // between two blocks of one chain: the pool keeps one copy.
+        let mut wanted: Vec<SequenceHash> = (hashes.iter().zip(&keep))
+            .filter(|&(hash, &keep)| keep && !tier.incoming.contains(&hash.value()))
+            .map(|(&hash, _)| hash)
+            .collect();
+        tier.stats.skipped_stores += tier.pool.cache_blocks(&mut wanted) as u64;
+        let count = wanted.len();
+        if count == 0 {
             return 0;
         }
-        let Ok(landings) = tier.pool.allocate_blocks(wanted.len()) else {
-            tier.stats.skipped_stores += wanted.len() as u64;
-            return 0;
-        };
-        let stored = (tier.pool)
-            .register_blocks(stage_all(landings, &wanted))
-            .unwrap_or_default();
-        let count = stored.len();
         tier.stats.stored_blocks += count as u64;
         self.counts.stored_blocks += count as u64;
-        // On down, held by `stored` meanwhile.
+        // On down: the copies just made are the sources (nothing else runs
+        // on this tier meanwhile, so they stay).
         if let Some(policy) = self.chained_below(index) {
             let keep = self.wanted(policy, &wanted);
             self.store_now(index + 1, &wanted, keep);
         }
-        drop(stored);
         count
     }
 
@@ -125,7 +107,7 @@ impl<D> Tiers<D> {
         if found == 0 {
             return (ImmutableBlocks::new(), loaded_from);
         }
-        let Ok(landings) = self.device.allocate_blocks(found) else {
+        let Ok(loaded) = self.device.store_blocks(&wanted[..found]) else {
             for (level, count) in loaded_from.iter_mut().enumerate().skip(1) {
                 if let Some(tier) = self.lower.get_mut(level - 1) {
                     tier.stats.hit_blocks -= *count as u64;
@@ -135,9 +117,6 @@ impl<D> Tiers<D> {
             }
             return (ImmutableBlocks::new(), loaded_from);
         };
-        let loaded = (self.device)
-            .register_blocks(stage_all(landings, &wanted[..found]))
-            .unwrap_or_default();
         self.counts.loaded_blocks += loaded.len() as u64;
         drop(pins);
         // As `onboard`: selective tiers below count these hits, and take

@@ -157,23 +157,29 @@ impl<D> Tiers<D> {
         onboard
     }
 
-    /// Where each of `wanted` is, from one scan per tier (nothing pinned):
-    /// on its way up already (`None`), or the index of the highest tier
-    /// that has it; the list ends at the first block no tier has.
+    /// Where each of `wanted` is (nothing pinned): on its way up already
+    /// (`None`), or the index of the highest tier that has it; the list
+    /// ends at the first block no tier has. A run the first lower tier
+    /// holds is found with one scan that stops where the run does; a block
+    /// only a tier further down has costs a scan per tier above it.
     pub(crate) fn locate(&self, wanted: &[SequenceHash]) -> Vec<Option<usize>> {
-        let present: Vec<Vec<bool>> = (self.lower.iter())
-            .map(|tier| tier.pool.scan_matches(wanted))
-            .collect();
-        let mut levels: Vec<Option<usize>> = Vec::with_capacity(wanted.len());
-        for (i, hash) in wanted.iter().enumerate() {
-            if self.loading.contains_key(&hash.value()) {
-                levels.push(None);
-                continue;
-            }
-            match present.iter().position(|tier| tier[i]) {
-                Some(index) => levels.push(Some(index)),
-                None => break,
-            }
+        let mut levels: Vec<Option<usize>> = Vec::new();
+        while levels.len() < wanted.len() {
+            let rest = &wanted[levels.len()..];
+            // The first tier with a run here; below the first, one block
+            // only, since a tier above may have the next.
+            let Some((index, run)) = (self.lower.iter().enumerate())
+                .map(|(index, tier)| (index, tier.pool.registered_prefix(rest)))
+                .find(|&(_, run)| run > 0)
+            else {
+                break;
+            };
+            let run = if index == 0 { run } else { 1 };
+            levels.extend(
+                rest[..run]
+                    .iter()
+                    .map(|hash| (!self.loading.contains_key(&hash.value())).then_some(index)),
+            );
         }
         levels
     }

@@ -347,7 +347,17 @@ impl PoolState {
         tokens: &[u32],
     ) -> BlockInfo {
         self.counters.registrations += 1;
-        if let Some(existing) = self.registered(hash.value()) {
+        // Only lineage-aware eviction links children to parents; the other
+        // policies skip the lookup (a registry probe per registration).
+        let parent = match self.inactive.tracks_lineage() {
+            true => (hash.parent().and_then(|p| self.registered(p)))
+                .map(|p| (p, self.slots[p.index()].epoch())),
+            false => None,
+        };
+        let slots = &self.slots;
+        let registered =
+            (self.registry).insert_or_get(hash.value(), id, |other| slots[other.index()].value());
+        if let Some(existing) = registered {
             self.inactive.on_hit(hash);
             match self.duplicates {
                 DuplicatePolicy::Allow => {
@@ -362,16 +372,6 @@ impl PoolState {
                 }
             }
         }
-        // Only lineage-aware eviction links children to parents; the other
-        // policies skip the lookup (a registry probe per registration).
-        let parent = match self.inactive.tracks_lineage() {
-            true => (hash.parent().and_then(|p| self.registered(p)))
-                .map(|p| (p, self.slots[p.index()].epoch())),
-            false => None,
-        };
-        let slots = &self.slots;
-        self.registry
-            .insert(hash.value(), id, |other| slots[other.index()].value());
         let slot = &mut self.slots[id.index()];
         *slot = Slot::new(hash, 1, slot.epoch(), SlotState::Registered);
         let info = BlockInfo::new(id, slot.epoch(), hash);
@@ -380,6 +380,53 @@ impl PoolState {
             events.stored(hash, tokens);
         }
         info
+    }
+
+    /// Allocates a block per hash and registers it at once (what
+    /// `allocate`, then `register` of each, would do), appending the
+    /// registered blocks, one reference each, to `out`. All or nothing, as
+    /// `allocate`.
+    pub(crate) fn store(
+        &mut self,
+        hashes: &[SequenceHash],
+        out: &mut Vec<BlockInfo>,
+    ) -> Result<(), BlockError> {
+        let ids = self.allocate(hashes.len(), |_| {})?;
+        self.expect_registration(hashes.len(), 0);
+        out.reserve(hashes.len());
+        for (id, &hash) in ids.into_iter().zip(hashes) {
+            out.push(self.register(id, hash, &[]));
+        }
+        self.flush_if_full();
+        Ok(())
+    }
+
+    /// Copies arriving in a lower tier: each of `hashes` not registered yet
+    /// gets a block of its own, registered and cached (no reference held),
+    /// as `allocate` of them all, `register` of each and dropping them
+    /// would, while blocks are left to take. `hashes` keeps the ones
+    /// stored; returns how many that were missing did not fit.
+    pub(crate) fn cache(&mut self, hashes: &mut Vec<SequenceHash>) -> usize {
+        hashes.retain(|&hash| !self.contains(hash));
+        let room = self.available();
+        let skipped = hashes.len().saturating_sub(room);
+        hashes.truncate(room);
+        let Ok(mut ids) = self.allocate(hashes.len(), |_| {}) else {
+            // `available` said they fit; nothing was taken.
+            let missing = hashes.len();
+            hashes.clear();
+            return skipped + missing;
+        };
+        self.expect_registration(hashes.len(), 0);
+        for (id, &hash) in ids.iter_mut().zip(hashes.iter()) {
+            *id = self.register(*id, hash, &[]).block_id();
+        }
+        // Released last first, as a dropped batch is.
+        for &id in ids.iter().rev() {
+            self.release(id);
+        }
+        self.flush_if_full();
+        skipped
     }
 
     /// Takes a reference to a registered block, reviving it from the cache.

@@ -11,6 +11,7 @@ use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use crate::BlockId;
 
@@ -49,13 +50,27 @@ impl Registry {
             .copied()
     }
 
-    /// Registers `id` under `value`, which must not be registered yet.
-    pub(super) fn insert(&mut self, value: u128, id: BlockId, key_of: impl Fn(BlockId) -> u128) {
+    /// Registers `id` under `value` unless a block is registered under it
+    /// already, which it returns instead (one probe for both).
+    pub(super) fn insert_or_get(
+        &mut self,
+        value: u128,
+        id: BlockId,
+        key_of: impl Fn(BlockId) -> u128,
+    ) -> Option<BlockId> {
         let hasher = &self.hasher;
-        self.table
-            .insert_unique(bucket_hash(hasher, value), id, |&other| {
-                bucket_hash(hasher, key_of(other))
-            });
+        let entry = self.table.entry(
+            bucket_hash(hasher, value),
+            |&other| key_of(other) == value,
+            |&other| bucket_hash(hasher, key_of(other)),
+        );
+        match entry {
+            Entry::Occupied(existing) => Some(*existing.get()),
+            Entry::Vacant(vacant) => {
+                vacant.insert(id);
+                None
+            }
+        }
     }
 
     /// Unregisters `id`, registered under `value`; whether it was there.

@@ -82,8 +82,10 @@ fn an_unreferenced_duplicate_is_caught() {
 fn a_stray_registry_entry_is_caught() {
     let mut pool = pool_with_registered_block();
     let slots = &pool.slots;
-    pool.registry
-        .insert(99, BlockId::new(3), |id| slots[id.index()].value());
+    let stray = pool
+        .registry
+        .insert_or_get(99, BlockId::new(3), |id| slots[id.index()].value());
+    assert_eq!(stray, None, "99 was not registered");
     assert!(violation(&pool).contains("registry holds 3 hashes for 2"));
 }
 

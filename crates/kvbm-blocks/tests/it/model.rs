@@ -52,6 +52,21 @@ enum Op {
     },
     Upgrade(usize),
     ClearCache,
+    /// `store_blocks` of a run of hashes (pinned until dropped).
+    Store {
+        first: u64,
+        len: u64,
+    },
+    /// `cache_blocks` of a run of hashes (left cached).
+    Cache {
+        first: u64,
+        len: u64,
+    },
+    /// `registered_prefix` of a run of hashes (changes nothing).
+    Prefix {
+        first: u64,
+        len: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -69,6 +84,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0usize..4).prop_map(|(handle, index)| Op::Downgrade { handle, index }),
         1 => any::<usize>().prop_map(Op::Upgrade),
         1 => Just(Op::ClearCache),
+        2 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Store { first, len }),
+        2 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Cache { first, len }),
+        1 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Prefix { first, len }),
     ]
 }
 
@@ -459,6 +477,57 @@ fn run(blocks: usize, policy: EvictionPolicy, ops: &[Op]) -> Result<(), TestCase
                 }
                 if let Some(block) = upgraded {
                     real.push(Real::Registered(block.into()));
+                }
+            }
+            Op::Store { first, len } => {
+                let hashes: Vec<SequenceHash> = (first..first + len).map(hash_of).collect();
+                let stored = manager.store_blocks(&hashes);
+                if let Some(model) = &mut model {
+                    let expected = model.allocate(hashes.len()).map(|ids| {
+                        (ids.into_iter().zip(first..))
+                            .map(|(id, value)| model.register(id, value))
+                            .collect::<Vec<_>>()
+                    });
+                    let ids = (stored.as_ref())
+                        .map(|b| b.block_ids().map(|id| id.get()).collect::<Vec<_>>())
+                        .map_err(Clone::clone);
+                    prop_assert_eq!(&ids, &expected);
+                    if let Ok(ids) = expected {
+                        model.handles.push(Handle::Registered(ids));
+                    }
+                }
+                if let Ok(blocks) = stored {
+                    real.push(Real::Registered(blocks));
+                }
+            }
+            Op::Cache { first, len } => {
+                let mut hashes: Vec<SequenceHash> = (first..first + len).map(hash_of).collect();
+                let skipped = manager.cache_blocks(&mut hashes);
+                if let Some(model) = &mut model {
+                    let mut values: Vec<u64> = (first..first + len)
+                        .filter(|value| !model.registry.contains_key(value))
+                        .collect();
+                    let room = model.free.len() + model.lru.len();
+                    let expected_skipped = values.len().saturating_sub(room);
+                    values.truncate(room);
+                    let ids = model.allocate(values.len()).expect("fits the room");
+                    let ids: Vec<u32> = (ids.into_iter().zip(&values))
+                        .map(|(id, &value)| model.register(id, value))
+                        .collect();
+                    ids.iter().rev().for_each(|&id| model.release(id));
+                    prop_assert_eq!(skipped, expected_skipped);
+                    let stored: Vec<u64> = hashes.iter().map(|h| h.value() as u64).collect();
+                    prop_assert_eq!(stored, values);
+                }
+            }
+            Op::Prefix { first, len } => {
+                let hashes: Vec<SequenceHash> = (first..first + len).map(hash_of).collect();
+                let prefix = manager.registered_prefix(&hashes);
+                if let Some(model) = &model {
+                    let expected = (first..first + len)
+                        .take_while(|value| model.registry.contains_key(value))
+                        .count();
+                    prop_assert_eq!(prefix, expected);
                 }
             }
             Op::ClearCache => {

@@ -344,7 +344,7 @@ impl CacheSim {
                 .register_blocks(staged)
                 .map_err(BlockError::from)?;
             if let Some((tiers, _)) = &mut self.tiers {
-                tiers.offload_now(stored.clone());
+                tiers.offload_now(&stored);
             }
             held.append(stored).map_err(BlockError::from)?;
         }

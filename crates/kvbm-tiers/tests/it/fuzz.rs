@@ -219,7 +219,7 @@ fn run(
                             model.valid[level].insert(block.sequence_hash().value());
                         }
                     }
-                    tiers.offload_now(batch(blocks));
+                    tiers.offload_now(&batch(blocks));
                 }
             }
             Op::OnboardNow { seed, len, max } => {

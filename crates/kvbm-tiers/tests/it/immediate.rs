@@ -14,7 +14,7 @@ fn offload_now_stores_down_the_chain_at_once_and_never_twice() {
     );
     let hashes = chain(1, 3);
     let blocks = compute(&device, &hashes);
-    assert_eq!(tiers.offload_now(batch(&blocks)), 3);
+    assert_eq!(tiers.offload_now(&batch(&blocks)), 3);
     assert!(planned(&mut tiers).is_empty(), "nothing in flight");
     assert_eq!(
         (
@@ -24,7 +24,7 @@ fn offload_now_stores_down_the_chain_at_once_and_never_twice() {
         (3, 3)
     );
     assert_eq!(
-        tiers.offload_now(batch(&blocks)),
+        tiers.offload_now(&batch(&blocks)),
         0,
         "present: not stored twice"
     );
@@ -45,7 +45,11 @@ fn offload_now_skips_what_does_not_fit_and_what_a_store_brings() {
     tiers.offload(blocks[..1].to_vec());
     let plan = planned(&mut tiers);
     assert_eq!(plan.len(), 1);
-    assert_eq!(tiers.offload_now(batch(&blocks)), 1, "one slot left of two");
+    assert_eq!(
+        tiers.offload_now(&batch(&blocks)),
+        1,
+        "one slot left of two"
+    );
     let stats = tiers.stats(g(0)).unwrap();
     assert_eq!(stats.skipped_stores, 2);
     tiers.complete(plan[0].id).unwrap();
@@ -59,10 +63,10 @@ fn offload_now_of_another_pool_or_without_tiers_stores_nothing() {
     let other = crate::support::device(4);
     let mut tiers = tiers(&device, vec![TierConfig::new("CPU", 4)]);
     let foreign = batch(&compute(&other, &chain(1, 2)));
-    assert_eq!(tiers.offload_now(foreign), 0);
+    assert_eq!(tiers.offload_now(&foreign), 0);
     let mut bare = crate::support::tiers(&device, Vec::new());
     let mine = batch(&compute(&device, &chain(1, 2)));
-    assert_eq!(bare.offload_now(mine), 0);
+    assert_eq!(bare.offload_now(&mine), 0);
     tiers.audit().unwrap();
 }
 
@@ -75,7 +79,7 @@ fn onboard_now_loads_a_prefix_from_each_highest_tier_and_stops_at_a_gap() {
     );
     let hashes = chain(1, 4);
     for hash in &hashes {
-        tiers.offload_now(batch(&compute(&device, &[*hash])));
+        tiers.offload_now(&batch(&compute(&device, &[*hash])));
     }
     // Evict them all from the device.
     drop(device.allocate_blocks(8).unwrap());
@@ -102,7 +106,7 @@ fn onboard_now_with_no_room_or_a_load_in_flight_loads_nothing() {
     let device = device(2);
     let mut tiers = tiers(&device, vec![TierConfig::new("CPU", 8)]);
     let hashes = chain(3, 2);
-    tiers.offload_now(batch(&compute(&device, &hashes)));
+    tiers.offload_now(&batch(&compute(&device, &hashes)));
     let held = device.allocate_blocks(2).unwrap();
     let (loaded, from) = tiers.onboard_now(&hashes, 8);
     assert_eq!((loaded.len(), from), (0, vec![0, 0]));
@@ -131,7 +135,7 @@ fn a_selective_tier_below_takes_blocks_hit_often_enough() {
         ],
     );
     let hashes = chain(1, 2);
-    tiers.offload_now(batch(&compute(&device, &hashes)));
+    tiers.offload_now(&batch(&compute(&device, &hashes)));
     assert_eq!(in_tier(&tiers, g(1), &chain(1, 2)), 0, "not hit yet");
     for round in 1..=2 {
         drop(device.allocate_blocks(4).unwrap());
