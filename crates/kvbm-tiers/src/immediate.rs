@@ -23,25 +23,27 @@ impl<D> Tiers<D> {
         }
         let policy = first.config.offload;
         let hashes = blocks.sequence_hashes();
-        let keep = self.wanted(policy, &hashes);
         // The sources stay pinned by the caller's `blocks` meanwhile.
-        self.store_now(0, &hashes, keep)
+        self.store_now(0, hashes, policy)
     }
 
-    /// Stores the blocks of `hashes` that `keep` marks into lower tier
-    /// `index` now, then into the tier below as its policy says; how many
-    /// went into `index`.
-    fn store_now(&mut self, index: usize, hashes: &[SequenceHash], keep: Vec<bool>) -> usize {
-        let Some(tier) = self.lower.get_mut(index) else {
+    /// Stores the blocks of `hashes` the tier's `policy` takes into lower
+    /// tier `index` now, then into the tier below as its policy says; how
+    /// many went into `index`.
+    fn store_now(
+        &mut self,
+        index: usize,
+        mut wanted: Vec<SequenceHash>,
+        policy: OffloadPolicy,
+    ) -> usize {
+        let Some(tier) = self.lower.get(index) else {
             return 0;
         };
-        // Not wanted, or on its way by a transfer in flight (present ones
+        // Taken, and not on its way by a transfer in flight (present ones
         // the pool skips itself). Twice in one batch is a hash collision
         // between two blocks of one chain: the pool keeps one copy.
-        let mut wanted: Vec<SequenceHash> = (hashes.iter().zip(&keep))
-            .filter(|&(hash, &keep)| keep && !tier.incoming.contains(&hash.value()))
-            .map(|(&hash, _)| hash)
-            .collect();
+        wanted.retain(|&hash| self.takes(policy, hash) && !tier.incoming.contains(&hash.value()));
+        let tier = &mut self.lower[index];
         tier.stats.skipped_stores += tier.pool.cache_blocks(&mut wanted) as u64;
         let count = wanted.len();
         if count == 0 {
@@ -52,8 +54,7 @@ impl<D> Tiers<D> {
         // On down: the copies just made are the sources (nothing else runs
         // on this tier meanwhile, so they stay).
         if let Some(policy) = self.chained_below(index) {
-            let keep = self.wanted(policy, &wanted);
-            self.store_now(index + 1, &wanted, keep);
+            self.store_now(index + 1, wanted, policy);
         }
         count
     }
@@ -133,8 +134,7 @@ impl<D> Tiers<D> {
             if !matches!(policy, OffloadPolicy::Selective { .. }) {
                 continue;
             }
-            let keep = self.wanted(policy, hashes);
-            self.store_now(index, hashes, keep);
+            self.store_now(index, hashes.to_vec(), policy);
         }
     }
 }
