@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use kvbm_blocks::{BlockId, BlockManager};
-use kvbm_sequence::{KvCacheGroups, Salt};
+use kvbm_blocks::{BlockId, BlockManager, SequenceHash};
+use kvbm_sequence::{AttentionKind, KvCacheGroups, RequestSequence, Salt};
 
 use crate::{ApplyError, DecodeOutcome, HistoryPolicy, SchedulableSequence, ScheduleError};
 
@@ -100,15 +100,15 @@ impl<M> GroupedSequence<M> {
         groups: Arc<KvCacheGroups>,
         salt: Salt,
     ) -> Result<Self, ScheduleError> {
-        let block_size = groups.block_size();
-        let sequences = (0..groups.len())
-            .map(|g| {
-                SchedulableSequence::builder(tokens.clone(), max_output_tokens, block_size)
-                    .salt(salt.for_group(g))
-                    .history(HistoryPolicy::Off)
-                    .build()
-            })
-            .collect::<Result<_, _>>()?;
+        // Each block's tokens are hashed once for every group (only the
+        // chaining differs per group salt), and every group's token buffer
+        // keeps the capacity the caller reserved for the generation.
+        let salts: Vec<Salt> = (0..groups.len()).map(|g| salt.for_group(g)).collect();
+        let sequences =
+            RequestSequence::with_salts(tokens, max_output_tokens, groups.block_size(), &salts)?
+                .into_iter()
+                .map(|inner| SchedulableSequence::from_inner(inner, HistoryPolicy::Off))
+                .collect();
         Ok(Self { groups, sequences })
     }
 
@@ -208,7 +208,9 @@ impl<M> GroupedSequence<M> {
     /// cache, capped so the last token is computed, on a sequence that
     /// holds nothing; returns the hit in blocks (0 if it holds blocks
     /// already: a running request keeps what it has). Each group takes
-    /// only the cached blocks its layers read.
+    /// only the cached blocks its layers read, and looks up only the blocks
+    /// its rule asks about ([`KvCacheGroups::longest_common_hit_by`]): about
+    /// the hit for a full group, a window's worth for a sliding window.
     ///
     /// # Errors
     ///
@@ -225,15 +227,23 @@ impl<M> GroupedSequence<M> {
         }
         let block_size = self.groups.block_size();
         let cap = self.total_tokens().saturating_sub(1) / block_size;
+        if cap == 0 {
+            return Ok(0);
+        }
         for _ in 0..HIT_ATTEMPTS {
-            let scans: Vec<Vec<bool>> = (self.sequences.iter())
-                .map(|seq| {
+            let mut probes: Vec<Probe<'_>> = (self.sequences.iter())
+                .zip(self.groups.groups())
+                .map(|(seq, group)| {
                     let hashes = seq.inner().sequence().sequence_hashes();
-                    manager.scan_matches(&hashes[..cap.min(hashes.len())])
+                    Probe::new(&hashes[..cap.min(hashes.len())], group.kind())
                 })
                 .collect();
-            let views: Vec<&[bool]> = scans.iter().map(Vec::as_slice).collect();
-            let hit = self.groups.longest_common_hit(cap, &views);
+            let hit = (self.groups).longest_common_hit_by(cap, |g, i| {
+                probes
+                    .get_mut(g)
+                    .is_some_and(|probe| probe.is_cached(i, manager))
+            });
+            drop(probes);
             if hit == 0 {
                 return Ok(0);
             }
@@ -378,8 +388,11 @@ impl<M> GroupedSequence<M> {
             apply(seq)?;
         }
         for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
-            // Idle after the apply, so this cannot be refused.
-            let _ = seq.release_unread(group.kind());
+            // A full group reads every block: nothing to release.
+            if group.kind() != AttentionKind::Full {
+                // Idle after the apply, so this cannot be refused.
+                let _ = seq.release_unread(group.kind());
+            }
         }
         Ok(outcome)
     }
@@ -427,6 +440,58 @@ impl<M> GroupedSequence<M> {
             seq.release()?;
         }
         Ok(())
+    }
+}
+
+/// Blocks a prefix match first looks up at once (one pool lock) for a
+/// group; each further look-up of that group takes twice as many, up to
+/// [`PROBE_MAX`]. A 128-token window over 16-token blocks needs 8.
+const PROBE_FIRST: usize = 8;
+/// The longest run a prefix match looks up at once for a group.
+const PROBE_MAX: usize = 256;
+
+/// One group's cached blocks as a prefix match learns them: looked up in
+/// runs (without pinning anything or touching eviction order), forward
+/// from the asked block for full attention and chunks, which scan up,
+/// backward for a sliding window, which scans down. Only the last run is
+/// kept: the rules ask in order, so earlier runs are not asked again.
+struct Probe<'a> {
+    hashes: &'a [SequenceHash],
+    forward: bool,
+    /// Block index of `found[0]`.
+    start: usize,
+    found: Vec<bool>,
+    next_len: usize,
+}
+
+impl<'a> Probe<'a> {
+    fn new(hashes: &'a [SequenceHash], kind: AttentionKind) -> Self {
+        Self {
+            hashes,
+            forward: !matches!(kind, AttentionKind::SlidingWindow { .. }),
+            start: 0,
+            found: Vec::new(),
+            next_len: PROBE_FIRST,
+        }
+    }
+
+    fn is_cached<M>(&mut self, i: usize, manager: &BlockManager<M>) -> bool {
+        if let Some(&known) = i.checked_sub(self.start).and_then(|k| self.found.get(k)) {
+            return known;
+        }
+        if i >= self.hashes.len() {
+            return false;
+        }
+        let len = self.next_len;
+        self.next_len = (len * 2).min(PROBE_MAX);
+        let range = if self.forward {
+            i..(i + len).min(self.hashes.len())
+        } else {
+            (i + 1).saturating_sub(len)..i + 1
+        };
+        self.start = range.start;
+        self.found = manager.scan_matches(&self.hashes[range]);
+        self.found.get(i - self.start).copied().unwrap_or(false)
     }
 }
 

@@ -101,10 +101,14 @@ impl<M> LogicalBlockAssignments<M> {
             .saturating_sub(self.skipped)
             .min(self.assigned.len());
         if released > 0 {
-            // Dropping the head releases it last block first, the order of
-            // vLLM's `remove_skipped_blocks`.
+            // Clearing the head releases it last block first, the order of
+            // vLLM's `remove_skipped_blocks`. The kept blocks move back into
+            // the table's own buffer, so the next registration appends
+            // without growing a buffer cut to the kept length.
             let kept = self.assigned.split_off(released);
-            drop(std::mem::replace(&mut self.assigned, kept));
+            self.assigned.clear();
+            // Cannot fail: both halves come from the same batch.
+            let _ = self.assigned.append(kept);
             self.skipped += released;
         }
         if self.assigned.is_empty() && self.staged.is_empty() {

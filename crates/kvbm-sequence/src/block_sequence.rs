@@ -85,6 +85,69 @@ impl BlockSequence {
         Ok(sequence)
     }
 
+    /// One sequence of `tokens` per salt of `salts`, in order, each hashed
+    /// under its own salt exactly as [`with_salt`](Self::with_salt) hashes
+    /// it, but each block's tokens are hashed once for all of them when the
+    /// salts share a hash function (the same key, or none: a block's
+    /// [`Salt::block_hash`] depends on nothing else); only the chaining is
+    /// done per salt. This is how the layer groups of one request, each
+    /// under its own salt ([`Salt::for_group`]), hash one prompt.
+    ///
+    /// The first sequence takes `tokens`; the others get copies with the
+    /// same capacity (room for the generation the caller reserved). No
+    /// salts, no sequences.
+    ///
+    /// ```
+    /// use kvbm_sequence::{BlockSequence, Salt};
+    ///
+    /// let salt = Salt::from_bytes(b"tenant");
+    /// let salts = [salt.for_group(0), salt.for_group(1)];
+    /// let tokens: Vec<u32> = (0..40).collect();
+    /// let groups = BlockSequence::with_salts(tokens.clone(), 16, &salts)?;
+    /// for (seq, salt) in groups.iter().zip(salts) {
+    ///     assert_eq!(seq, &BlockSequence::with_salt(tokens.clone(), 16, salt)?);
+    /// }
+    /// assert_ne!(groups[0].sequence_hashes(), groups[1].sequence_hashes());
+    /// # Ok::<(), kvbm_sequence::SequenceError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
+    pub fn with_salts(
+        tokens: Vec<u32>,
+        block_size: usize,
+        salts: &[Salt],
+    ) -> Result<Vec<Self>, SequenceError> {
+        if block_size == 0 {
+            return Err(SequenceError::ZeroBlockSize);
+        }
+        let Some((&first, rest)) = salts.split_first() else {
+            return Ok(Vec::new());
+        };
+        let capacity = tokens.capacity();
+        let empty = |salt| Self {
+            tokens: Vec::new(),
+            hashes: Vec::with_capacity(capacity / block_size),
+            block_size,
+            salt,
+        };
+        let mut sequences: Vec<Self> = salts.iter().map(|&salt| empty(salt)).collect();
+        if rest.iter().all(|salt| first.shares_block_hash(*salt)) {
+            chain_blocks_shared(&mut sequences, &tokens);
+        } else {
+            for sequence in &mut sequences {
+                chain_blocks(&mut sequence.hashes, sequence.salt, &tokens, block_size);
+            }
+        }
+        for sequence in &mut sequences[1..] {
+            sequence.tokens.reserve_exact(capacity);
+            sequence.tokens.extend_from_slice(&tokens);
+        }
+        sequences[0].tokens = tokens;
+        Ok(sequences)
+    }
+
     /// A sequence of `prompt`'s tokens with the hashes it already has:
     /// nothing is hashed. `headroom` more tokens fit before the token
     /// buffer grows (room for the generation, so the first sampled tokens
@@ -244,9 +307,37 @@ fn chain_blocks(hashes: &mut Vec<SequenceHash>, salt: Salt, tokens: &[u32], bloc
     }
 }
 
+/// Hashes the full blocks of `tokens` into every (empty) sequence of
+/// `sequences`, each block's tokens once (the sequences' salts share a
+/// block hash function) and its chaining under each sequence's salt.
+fn chain_blocks_shared(sequences: &mut [BlockSequence], tokens: &[u32]) {
+    let Some(lead) = sequences.first() else {
+        return;
+    };
+    let (hasher, block_size) = (lead.salt, lead.block_size);
+    for block in tokens.chunks_exact(block_size) {
+        let content = hasher.block_hash(block);
+        for sequence in sequences.iter_mut() {
+            let hash = chain_content(sequence.hashes.last().copied(), sequence.salt, content);
+            sequence.hashes.push(hash);
+        }
+    }
+}
+
 /// The hash of a block holding `tokens` after `previous` (or first, under `salt`).
 fn chain(previous: Option<SequenceHash>, salt: Salt, tokens: &[u32]) -> SequenceHash {
     let content = salt.block_hash(tokens);
+    match previous {
+        Some(parent) => parent.child(salt.chain_hash(parent.value(), content)),
+        None => SequenceHash::root(salt.chain_hash(salt.get(), content)),
+    }
+}
+
+/// As [`chain`], for a block whose tokens hash to `content` under `salt`'s
+/// block hash function (`chain` is left as it was so the one-salt path
+/// compiles as before).
+#[inline(always)]
+fn chain_content(previous: Option<SequenceHash>, salt: Salt, content: u128) -> SequenceHash {
     match previous {
         Some(parent) => parent.child(salt.chain_hash(parent.value(), content)),
         None => SequenceHash::root(salt.chain_hash(salt.get(), content)),

@@ -75,7 +75,22 @@ impl AttentionKind {
     ///   a chunk boundary needs nothing, so the hit is at least there (when
     ///   the chunk is a block multiple).
     pub fn longest_hit(self, cap: usize, cached: &[bool], block_size: usize) -> usize {
-        let is_cached = |i: usize| cached.get(i).copied().unwrap_or(false);
+        self.longest_hit_by(cap, block_size, |i| cached.get(i).copied().unwrap_or(false))
+    }
+
+    /// [`longest_hit`](Self::longest_hit), asking `is_cached(i)` about
+    /// block `i` only when the rule needs it, so a caller can look blocks
+    /// up lazily: full attention asks from block 0 up to its first miss, a
+    /// sliding window from `cap - 1` down until it has a run of the
+    /// blocks it needs (or reaches block 0), a chunk from the start of
+    /// `cap`'s chunk up. Only indices below `cap` are asked about, each at
+    /// most once for full attention and a window.
+    pub fn longest_hit_by(
+        self,
+        cap: usize,
+        block_size: usize,
+        mut is_cached: impl FnMut(usize) -> bool,
+    ) -> usize {
         match self {
             Self::Full => (0..cap).find(|&i| !is_cached(i)).unwrap_or(cap),
             Self::SlidingWindow { window } => {
@@ -394,20 +409,58 @@ impl KvCacheGroups {
     /// serve up to the bound, so the result is the largest hit all of them
     /// serve (any hit every group serves stays below every bound).
     pub fn longest_common_hit(&self, cap: usize, cached: &[&[bool]]) -> usize {
+        self.longest_common_hit_by(cap, |g, i| {
+            (cached.get(g)).is_some_and(|cached| cached.get(i).copied().unwrap_or(false))
+        })
+    }
+
+    /// [`longest_common_hit`](Self::longest_common_hit), asking
+    /// `is_cached(g, i)` whether block `i` is cached under group `g`'s
+    /// hashes only when a rule needs it (see
+    /// [`AttentionKind::longest_hit_by`]), so a prefix match looks up
+    /// about the hit plus a window per group rather than every group's
+    /// whole prompt.
+    ///
+    /// Full-attention groups go first: one scan from block 0 to the first
+    /// miss bounds the hit for every other group, so a prompt nobody cached
+    /// costs one look-up per full group. The result does not depend on the
+    /// order: whichever group lowers the bound, a hit every group serves
+    /// stays below it, and the loop ends only when every group serves the
+    /// bound. Answers should not change during the call (a look-up that
+    /// races with evictions is settled by taking the hit, all or nothing).
+    pub fn longest_common_hit_by(
+        &self,
+        cap: usize,
+        mut is_cached: impl FnMut(usize, usize) -> bool,
+    ) -> usize {
+        let block_size = self.block_size;
         let mut bound = cap;
+        // A full group serves every hit up to its first miss, so it never
+        // needs asking again once the bound is at or below that miss.
+        for (g, group) in self.groups.iter().enumerate() {
+            if group.kind == AttentionKind::Full && bound > 0 {
+                bound = group
+                    .kind
+                    .longest_hit_by(bound, block_size, |i| is_cached(g, i));
+            }
+        }
         loop {
-            let next = (self.groups.iter().enumerate())
-                .map(|(g, group)| {
-                    let cached = cached.get(g).copied().unwrap_or(&[]);
-                    group.kind.longest_hit(bound, cached, self.block_size)
-                })
-                .min()
-                .unwrap_or(0)
-                .min(bound);
-            if next == bound {
+            let mut settled = true;
+            for (g, group) in self.groups.iter().enumerate() {
+                if group.kind == AttentionKind::Full || bound == 0 {
+                    continue;
+                }
+                let hit = group
+                    .kind
+                    .longest_hit_by(bound, block_size, |i| is_cached(g, i));
+                if hit < bound {
+                    bound = hit;
+                    settled = false;
+                }
+            }
+            if settled || bound == 0 {
                 return bound;
             }
-            bound = next;
         }
     }
 }

@@ -149,6 +149,17 @@ impl Salt {
         self.key.is_some()
     }
 
+    /// Whether `other` hashes a block's tokens as this salt does (both
+    /// unkeyed, or keyed under the same key): [`block_hash`](Self::block_hash)
+    /// depends on the key only, never on the start value.
+    pub(crate) fn shares_block_hash(self, other: Self) -> bool {
+        match (self.key, other.key) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// The hash of one block's tokens under this salt's hash function:
     /// [`block_hash`] unkeyed, keyed SipHash-1-3-128 of the same bytes
     /// otherwise.

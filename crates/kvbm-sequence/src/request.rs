@@ -218,6 +218,26 @@ impl<M> RequestSequence<M> {
         Ok(Self::from_sequence(sequence, max_output_tokens))
     }
 
+    /// One request of `tokens` per salt of `salts`, in order, as
+    /// [`with_salt`](Self::with_salt) builds each, with the prompt's blocks
+    /// hashed once for all salts ([`BlockSequence::with_salts`]): the
+    /// sequences of one request's KV cache groups.
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
+    pub fn with_salts(
+        tokens: Vec<u32>,
+        max_output_tokens: usize,
+        block_size: usize,
+        salts: &[Salt],
+    ) -> Result<Vec<Self>, SequenceError> {
+        Ok(BlockSequence::with_salts(tokens, block_size, salts)?
+            .into_iter()
+            .map(|sequence| Self::from_sequence(sequence, max_output_tokens))
+            .collect())
+    }
+
     /// A request for `prompt` (its salt and block size), taking the hashes
     /// the prompt already has instead of hashing it again; `headroom`
     /// tokens of the generation fit before its buffer grows.

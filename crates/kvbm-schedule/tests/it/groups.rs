@@ -64,6 +64,40 @@ fn prompts() -> impl Strategy<Value = Vec<(Vec<u32>, usize)>> {
     })
 }
 
+/// Groups whose windows and chunks reach past the first run a prefix
+/// match looks up at once (8 blocks), and long prompts sharing stems, so
+/// that matches look up several runs per group.
+fn long_groups() -> impl Strategy<Value = Arc<KvCacheGroups>> {
+    let kind = prop_oneof![
+        Just(AttentionKind::Full),
+        (1..13usize).prop_map(|w| AttentionKind::SlidingWindow {
+            window: w * BLOCK_SIZE
+        }),
+        (1..13usize).prop_map(|c| AttentionKind::ChunkedLocal {
+            chunk: c * BLOCK_SIZE
+        }),
+    ];
+    prop::collection::vec(kind, 1..4).prop_map(|kinds| {
+        let groups = kinds.into_iter().map(|k| KvCacheGroup::new(k, 2)).collect();
+        Arc::new(KvCacheGroups::new(BLOCK_SIZE, groups).expect("valid groups"))
+    })
+}
+
+fn long_prompts() -> impl Strategy<Value = Vec<(Vec<u32>, usize)>> {
+    prop::collection::vec((0..200usize, 0..6usize, 0..40usize), 1..5).prop_map(|shapes| {
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (stem, own, max_output))| {
+                let mut prompt: Vec<u32> = (0..stem as u32).collect();
+                prompt.extend((0..own as u32).map(|t| 1000 * (i as u32 + 1) + t));
+                prompt.push(7);
+                (prompt, max_output)
+            })
+            .collect()
+    })
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Match(usize),
@@ -217,6 +251,55 @@ proptest! {
         for op in &ops {
             run(op, &mut seqs, &prompts, &groups, &pool);
             check(&seqs, &pool)?;
+        }
+        drop(seqs);
+        prop_assert_eq!(audit(&pool).in_use_blocks(), 0);
+    }
+
+    /// A prefix match, which looks blocks up lazily (a run at a time, only
+    /// where a group's rule needs them), takes exactly the longest hit every
+    /// group serves according to a scan of each group's whole prompt,
+    /// whatever the workload cached, released and evicted before.
+    #[test]
+    fn a_match_takes_the_longest_hit_a_full_scan_finds(
+        groups in long_groups(),
+        prompts in long_prompts(),
+        pool_blocks in 16..160usize,
+        ops in prop::collection::vec(op(), 1..120),
+        extra in 0..3usize,
+    ) {
+        let pool = manager(pool_blocks);
+        let mut seqs: Vec<GroupedSequence<Gpu>> = prompts
+            .iter()
+            .map(|(p, m)| GroupedSequence::new(p.clone(), *m, groups.clone()).expect("valid"))
+            .collect();
+        for op in &ops {
+            let op = match *op {
+                // Long prompts: chunks long enough to get somewhere.
+                Op::Prefill(r, n) => Op::Prefill(r, n * 8),
+                ref other => other.clone(),
+            };
+            run(&op, &mut seqs, &prompts, &groups, &pool);
+        }
+        for (prompt, max_output) in &prompts {
+            let mut prompt = prompt.clone();
+            prompt.extend((0..extra as u32).map(|t| 5000 + t));
+            let mut fresh =
+                GroupedSequence::new(prompt, *max_output, groups.clone()).expect("valid");
+            let cap = (fresh.total_tokens() - 1) / BLOCK_SIZE;
+            let scans: Vec<Vec<bool>> = (0..groups.len())
+                .map(|g| {
+                    let hashes = fresh.group(g).expect("a group").inner().sequence().sequence_hashes();
+                    pool.scan_matches(&hashes[..cap])
+                })
+                .collect();
+            let views: Vec<&[bool]> = scans.iter().map(Vec::as_slice).collect();
+            let expected = groups.longest_common_hit(cap, &views);
+            prop_assert_eq!(fresh.match_and_add_prefix(&pool).expect("idle"), expected);
+            prop_assert_eq!(fresh.kv_position(), expected * BLOCK_SIZE);
+            seqs.push(fresh);
+            check(&seqs, &pool)?;
+            seqs.pop().expect("just pushed").release().expect("idle");
         }
         drop(seqs);
         prop_assert_eq!(audit(&pool).in_use_blocks(), 0);

@@ -174,3 +174,59 @@ fn debug_names_the_shape_not_every_token() {
         "{text}"
     );
 }
+
+#[test]
+fn with_salts_hashes_each_salt_as_with_salt_does() {
+    let key = crate::HashKey::new(*b"0123456789abcdef").leak();
+    let other_key = crate::HashKey::new(*b"fedcba9876543210").leak();
+    let keyed = Salt::keyed(key, b"tenant");
+    let plain = Salt::from_bytes(b"tenant");
+    let cases: [Vec<Salt>; 4] = [
+        // One hash function: block hashes shared.
+        (0..3).map(|g| plain.for_group(g)).collect(),
+        (0..3).map(|g| keyed.for_group(g)).collect(),
+        // Mixed functions: each salt hashes its own blocks.
+        vec![plain, keyed, Salt::keyed(other_key, b"tenant")],
+        vec![keyed, Salt::keyed(other_key, b"tenant")],
+    ];
+    for block_size in [1, 3, 16] {
+        for len in [0u32, 2, 16, 47, 48] {
+            let mut tokens: Vec<u32> = Vec::with_capacity(len as usize + 20);
+            tokens.extend((0..len).map(|t| t.wrapping_mul(0x9e37_79b9)));
+            for salts in &cases {
+                let mut roomy = Vec::with_capacity(tokens.capacity());
+                roomy.extend_from_slice(&tokens);
+                let seqs = BlockSequence::with_salts(roomy, block_size, salts).unwrap();
+                assert_eq!(seqs.len(), salts.len());
+                for (seq, &salt) in seqs.iter().zip(salts) {
+                    let alone = BlockSequence::with_salt(tokens.clone(), block_size, salt).unwrap();
+                    assert_eq!(seq, &alone, "block size {block_size}, {len} tokens");
+                    // Every copy keeps the room reserved for the generation.
+                    assert!(seq.tokens.capacity() >= tokens.capacity());
+                }
+                if len as usize >= block_size {
+                    assert_ne!(seqs[0].sequence_hashes(), seqs[1].sequence_hashes());
+                }
+            }
+        }
+    }
+    // Appends after the shared hashing chain on as usual.
+    let mut seqs =
+        BlockSequence::with_salts((0..10).collect(), 4, &[plain, plain.for_group(1)]).unwrap();
+    let mut alone = BlockSequence::with_salt((0..10).collect(), 4, plain.for_group(1)).unwrap();
+    assert_eq!(seqs[1].extend(&[10, 11, 12]), alone.extend(&[10, 11, 12]));
+    assert_eq!(seqs[1], alone);
+}
+
+#[test]
+fn with_salts_of_no_salts_or_a_zero_block_size() {
+    assert!(
+        BlockSequence::with_salts(vec![1, 2, 3], 2, &[])
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        BlockSequence::with_salts(vec![1, 2, 3], 0, &[Salt::NONE]),
+        Err(SequenceError::ZeroBlockSize)
+    ));
+}

@@ -194,3 +194,59 @@ fn display_names_the_kind_and_span() {
         "chunked_local:8192"
     );
 }
+
+proptest! {
+    /// The lazy rule agrees with the slice one, asks only about blocks
+    /// below `cap`, and (full attention, window) each block at most once.
+    #[test]
+    fn longest_hit_by_asks_only_what_it_needs(
+        block_size in 1..5usize,
+        kind in kind_strategy(),
+        cached in prop::collection::vec(prop::bool::weighted(0.8), 0..40),
+        cap in 0..45usize,
+    ) {
+        let mut asked = vec![0usize; cap];
+        let hit = kind.longest_hit_by(cap, block_size, |i| {
+            asked[i] += 1; // out of bounds (a panic) if `i >= cap`
+            cached.get(i).copied().unwrap_or(false)
+        });
+        prop_assert_eq!(hit, kind.longest_hit(cap, &cached, block_size));
+        if !matches!(kind, AttentionKind::ChunkedLocal { .. }) {
+            prop_assert!(asked.iter().all(|&n| n <= 1), "{:?}", asked);
+        }
+        if kind == AttentionKind::Full {
+            // Up to the first miss, nothing past it.
+            prop_assert_eq!(asked.iter().sum::<usize>(), (hit + 1).min(cap));
+        }
+    }
+}
+
+#[test]
+fn a_full_group_miss_spares_the_other_groups_any_look_up() {
+    let groups = KvCacheGroups::new(
+        16,
+        vec![
+            KvCacheGroup::new(AttentionKind::SlidingWindow { window: 128 }, 1),
+            KvCacheGroup::new(AttentionKind::Full, 1),
+            KvCacheGroup::new(AttentionKind::ChunkedLocal { chunk: 256 }, 1),
+        ],
+    )
+    .unwrap();
+    let mut asked = Vec::new();
+    let hit = groups.longest_common_hit_by(1000, |g, i| {
+        asked.push((g, i));
+        false
+    });
+    assert_eq!((hit, asked), (0, vec![(1, 0)]));
+
+    // A 600-block full hit: the window group looks at the 8 blocks before
+    // it, the chunk group at the blocks of its chunk (blocks 592..600), not
+    // at the whole prompt.
+    let mut asked = [0usize; 3];
+    let hit = groups.longest_common_hit_by(1000, |g, i| {
+        asked[g] += 1;
+        g != 1 || i < 600
+    });
+    assert_eq!(hit, 600);
+    assert_eq!(asked, [8, 601, 8]);
+}
