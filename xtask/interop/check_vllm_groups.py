@@ -14,7 +14,6 @@ Exits non-zero on the first difference, printing both sides.
 """
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -32,31 +31,18 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
+import trace_workload
+
 BLOCK_SIZE = 16
 WINDOW = 128
-TRACE_BLOCK = 512
 MAX_PROMPT = 16384
 MAX_DECODES = 16
 
 
 def workload(trace, count):
-    requests = []
-    with open(trace) as lines:
-        for line in lines:
-            if len(requests) == count:
-                break
-            entry = json.loads(line)
-            length = min(entry["input_length"], MAX_PROMPT)
-            tokens = [
-                (h * 7919 + i) % 100_000 + 1
-                for h in entry["hash_ids"]
-                for i in range(TRACE_BLOCK)
-            ][:length]
-            if len(tokens) < 2:
-                continue
-            decodes = max(1, min(entry["output_length"], MAX_DECODES))
-            requests.append((decodes, tokens))
-    return requests
+    return trace_workload.workload(
+        trace, count, max_prompt=MAX_PROMPT, max_decodes=MAX_DECODES, vocab=100_000
+    )
 
 
 def vllm_side(requests, num_blocks):

@@ -118,6 +118,7 @@ fn main() -> Result<()> {
         Some("mocker-compare") => mocker::compare(&sh, text_option(&args, "--trace")?),
         Some("store-limits") => store_limits::run(&sh),
         Some("vllm-groups") => vllm::groups(&sh, text_option(&args, "--trace")?),
+        Some("vllm-pool") => vllm::pool(&sh, text_option(&args, "--trace")?),
         Some("fuzz") => fuzz(&sh, cases.unwrap_or(DEFAULT_FUZZ_CASES)),
         Some(name) => match GATES.iter().find(|gate| gate.name == name) {
             Some(gate) => (gate.run)(&sh),
@@ -157,6 +158,12 @@ fn help() {
          the same hits and blocks per group (--trace FILE; installs vLLM into target/vllm-venv, \
          about 9.5 GB; not part of ci)",
         "vllm-groups"
+    );
+    eprintln!(
+        "  {:<12} kvbm's drop-in for vLLM 0.33's BlockPool against vLLM's own: its Scheduler \
+         step for step on a trace, its prefix-caching and scheduler tests, per-step time \
+         (--trace FILE; uses target/vllm-venv; not part of ci)",
+        "vllm-pool"
     );
     eprintln!(
         "  {:<12} run every crate's API fuzzers and liveness properties long, in release \

@@ -8,7 +8,7 @@
 //! compare against reuses that build (`target/release`), adding only its
 //! `main`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
@@ -16,10 +16,10 @@ use xshell::{Shell, cmd};
 use crate::{cargo, project_root, venv_with};
 
 /// The build backend that makes the wheel (abi3, CPython >= 3.11).
-const MATURIN: &str = "maturin==1.16.0";
+pub(crate) const MATURIN: &str = "maturin==1.16.0";
 
 /// The test runner.
-const PYTEST: &str = "pytest==9.2.0";
+pub(crate) const PYTEST: &str = "pytest==9.2.0";
 
 /// The gate's virtualenv (created on first use) with maturin and pytest;
 /// its Python.
@@ -27,16 +27,13 @@ fn venv_python(sh: &Shell) -> Result<PathBuf> {
     venv_with(sh, "python-venv", &[MATURIN, PYTEST])
 }
 
-pub(crate) fn run(sh: &Shell) -> Result<()> {
-    let cargo = cargo();
-    let root = project_root();
-    let python = venv_python(sh)?;
+/// Builds the `kvbm` wheel with the maturin beside `python` into `wheels`
+/// (emptied first, so the one wheel in it is this build's) and installs it
+/// into `python`'s environment.
+pub(crate) fn install_wheel(sh: &Shell, python: &Path, wheels: &Path) -> Result<()> {
     let maturin = python.with_file_name("maturin");
-
-    // A fresh directory, so the one wheel in it is this build's.
-    let wheels = root.join("target/python-wheels");
     if wheels.exists() {
-        sh.remove_path(&wheels)?;
+        sh.remove_path(wheels)?;
     }
     cmd!(
         sh,
@@ -44,7 +41,7 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
     )
     .run()?;
     let built: Vec<PathBuf> = sh
-        .read_dir(&wheels)?
+        .read_dir(wheels)?
         .into_iter()
         .filter(|path| path.extension().is_some_and(|ext| ext == "whl"))
         .collect();
@@ -59,6 +56,15 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
         "{python} -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps {wheel}"
     )
     .run()?;
+    Ok(())
+}
+
+pub(crate) fn run(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    let root = project_root();
+    let python = venv_python(sh)?;
+
+    install_wheel(sh, &python, &root.join("target/python-wheels"))?;
 
     // The command line whose `--json` reports the replays must equal.
     // Built beside kvbm-py, so features resolve as for the wheel and the

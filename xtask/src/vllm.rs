@@ -1,8 +1,32 @@
-//! `cargo xtask vllm-groups` (not part of `ci`): vLLM 0.33's own KV cache
-//! manager and kvbm's `GroupedSequence` on the same requests of a trace, for
-//! a full-attention group plus a 128-token sliding-window group in 16-token
-//! blocks; `xtask/interop/check_vllm_groups.py` fails on the first request
-//! whose prefix hit, per-group blocks or blocks in use differ.
+//! The vLLM gates, neither part of `ci`.
+//!
+//! `cargo xtask vllm-groups`: vLLM 0.33's own KV cache manager and kvbm's
+//! `GroupedSequence` on the same requests of a trace, for a full-attention
+//! group plus a 128-token sliding-window group in 16-token blocks;
+//! `xtask/interop/check_vllm_groups.py` fails on the first request whose
+//! prefix hit, per-group blocks or blocks in use differ.
+//!
+//! `cargo xtask vllm-pool [--trace FILE]`: kvbm's drop-in for vLLM's
+//! `BlockPool` (`kvbm.vllm.KvbmBlockPool`, the `kvbm` wheel built by maturin
+//! and installed into the same virtualenv), proven by vLLM's own code:
+//! (a) vLLM's `Scheduler`, built by vLLM's test helper, on the first
+//! 500 requests of the trace (all at once, 3,000 blocks, so it evicts and
+//! preempts) with kvbm's pool and with its own must agree at every step
+//! (scheduled requests and tokens, blocks, prefix-cache hits, finished and
+//! preempted requests, free blocks); (b) vLLM 0.33.0's
+//! `tests/v1/core/test_prefix_caching.py` and `test_scheduler.py`, from its
+//! source distribution on PyPI (sha256-pinned, unpacked under
+//! `target/vllm-pool/`), run with vLLM's pool and then with kvbm's
+//! (`xtask/interop/vllm_pool_plugin.py` substitutes it and deselects the
+//! reviewed list of tests of the Python pool's internals): every test that
+//! passes with vLLM's pool must pass with kvbm's; (c) the time of
+//! `schedule()` + `update_from_output()` per step on both, interleaved in
+//! the run of (a), printed. The tests run offline on the CPU
+//! (`VLLM_TARGET_DEVICE=cpu`, `HF_HUB_OFFLINE=1`) with a Hugging Face cache
+//! holding only the config.json of the model they name; those needing other
+//! models fail with vLLM's own pool too and are counted, not compared.
+//! Once vLLM is installed the gate takes about 5 minutes: the wheel's
+//! release build, each test run about a minute, the scheduler pair two.
 //!
 //! vLLM is installed from PyPI into `target/vllm-venv` on first use: its
 //! wheel without dependencies, then its requirements as its metadata lists
@@ -43,6 +67,107 @@ fn vllm_python(sh: &Shell) -> Result<PathBuf> {
     cmd!(sh, "{python} {pip...} install -r {requirements}").run()?;
     sh.write_file(&ready, VLLM)?;
     Ok(python)
+}
+
+/// The test runner and wheel builder installed beside vLLM for `vllm-pool`
+/// (the versions the `python` gate pins).
+const POOL_TOOLS: [&str; 2] = [crate::python::PYTEST, crate::python::MATURIN];
+
+/// The trace requests and blocks of `vllm-pool`'s scheduler comparison.
+const POOL_REQUESTS: &str = "500";
+const POOL_BLOCKS: &str = "3000";
+
+/// vLLM's test files run with kvbm's pool substituted.
+const POOL_TESTS: [&str; 2] = [
+    "tests/v1/core/test_prefix_caching.py",
+    "tests/v1/core/test_scheduler.py",
+];
+
+pub(crate) fn pool(sh: &Shell, trace: Option<&str>) -> Result<()> {
+    let root = project_root();
+    let python = vllm_python(sh)?;
+    let pip = ["-m", "pip", "--disable-pip-version-check", "--quiet"];
+    cmd!(sh, "{python} {pip...} install {POOL_TOOLS...}").run()?;
+
+    // The kvbm wheel, built fresh and installed beside vLLM.
+    crate::python::install_wheel(sh, &python, &root.join("target/vllm-pool/wheels"))?;
+
+    // vLLM's tests from its sdist, and the offline model config they name.
+    let work = root.join("target/vllm-pool");
+    cmd!(
+        sh,
+        "{python} xtask/interop/check_vllm_pool.py prepare {work}"
+    )
+    .run()?;
+    let sdist = work.join("vllm-0.33.0");
+    let offline = [
+        ("VLLM_TARGET_DEVICE", "cpu"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+    ];
+    let hf_home = work.join("hf");
+    let plugins = root.join("xtask/interop");
+
+    // (b) vLLM's pool, then kvbm's; pytest's own status is not the verdict
+    // (tests needing models not available offline fail on both sides).
+    let excluded = cmd!(
+        sh,
+        "{python} -c 'import vllm_pool_plugin as p; print(len(p.EXCLUDED))'"
+    )
+    .env("PYTHONPATH", &plugins)
+    .read()?;
+    let mut reports = Vec::new();
+    for side in ["vllm", "kvbm"] {
+        let report = work.join(format!("{side}.xml"));
+        // No stale report: a run that dies before writing one must fail.
+        if report.exists() {
+            sh.remove_path(&report)?;
+        }
+        let _dir = sh.push_dir(&sdist);
+        let mut run = cmd!(
+            sh,
+            "{python} -m pytest -q -p no:cacheprovider --noconftest -p vllm_pool_plugin --junitxml={report} {POOL_TESTS...}"
+        )
+        .env("PYTHONPATH", &plugins)
+        .env("HF_HOME", &hf_home)
+        .env("KVBM_VLLM_POOL", side)
+        .ignore_status()
+        .quiet();
+        for (key, value) in offline {
+            run = run.env(key, value);
+        }
+        let output = run.output()?;
+        let summary = String::from_utf8_lossy(&output.stdout);
+        eprintln!(
+            "{side}'s pool: {}",
+            summary.lines().last().unwrap_or("(no summary)")
+        );
+        reports.push(report);
+    }
+    let [baseline, ours] = reports.as_slice() else {
+        unreachable!("two sides")
+    };
+    let excluded = excluded.trim();
+    cmd!(
+        sh,
+        "{python} xtask/interop/check_vllm_pool.py junit {baseline} {ours} --excluded {excluded}"
+    )
+    .run()
+    .context("a vLLM test that passes with vLLM's pool fails with kvbm's")?;
+
+    // (a) and (c): the Scheduler on the trace, both pools, interleaved.
+    let trace = trace.unwrap_or("../shared/traces/conversation_trace.jsonl");
+    let mut run = cmd!(
+        sh,
+        "{python} xtask/interop/check_vllm_pool.py trace {trace} --tests-root {sdist} --requests {POOL_REQUESTS} --blocks {POOL_BLOCKS}"
+    )
+    .env("HF_HOME", &hf_home);
+    for (key, value) in offline {
+        run = run.env(key, value);
+    }
+    run.run()
+        .context("vLLM's Scheduler decided differently with kvbm's pool")?;
+    Ok(())
 }
 
 pub(crate) fn groups(sh: &Shell, trace: Option<&str>) -> Result<()> {

@@ -146,6 +146,49 @@ def main():
 
         row("Scheduler.step + apply (outputs prebuilt)", running, best_ns(step_prebuilt, max(20, 2000 // running)))
 
+    vllm_pool_rows()
+
+
+class _Block:
+    """The attributes of vLLM's KVCacheBlock (kvbm.VllmBlockPool's blocks)."""
+
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "_block_hash_num_tokens", "is_null")
+
+    def __init__(self, block_id):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self._block_hash = None
+        self._block_hash_num_tokens = None
+        self.is_null = False
+
+
+def vllm_pool_rows():
+    """kvbm.VllmBlockPool (kvbm.vllm's pool state), on stand-in blocks."""
+    for n in (1, 16, 128, 1024):
+        blocks = [_Block(i) for i in range(n + 1)]
+        pool = kvbm.VllmBlockPool(blocks)
+        hashes = [i.to_bytes(32, "little") for i in range(n)]
+        loops = loops_for(n)
+
+        def cycle():
+            got = pool.get_new_blocks(n)  # evicts the blocks cached last time
+            pool.cache_full_blocks(got, hashes, 0, n, BLOCK, 0)
+            pool.free_blocks(reversed(got))
+
+        row("VllmBlockPool get_new+cache_full+free", n, best_ns(cycle, loops))
+        row(
+            "VllmBlockPool.find_longest_cache_hit",
+            n,
+            best_ns(lambda: pool.find_longest_cache_hit(hashes, [0], n), loops),
+        )
+
+        def per_block():
+            for block_hash in hashes:
+                if not pool.get_cached_block(block_hash, [0]):
+                    break
+
+        row("VllmBlockPool.get_cached_block per block", n, best_ns(per_block, loops))
+
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,12 @@
 //! interpreter, and long calls (replays, steps of 64 requests and more)
 //! release the GIL. Refusals are exceptions under `kvbm.KvbmError` with the
 //! Rust error's message; nothing panics across the boundary. The Python API
-//! is described for editors in `kvbm.pyi`.
+//! is described for editors in `python/kvbm/__init__.pyi`.
+//!
+//! `VllmBlockPool` is vLLM 0.33's block pool state in Rust over vLLM's own
+//! block objects; the package's Python module `kvbm.vllm` (in `python/`)
+//! makes it a drop-in for vLLM's `BlockPool`, and `cargo xtask vllm-pool`
+//! checks it against vLLM's scheduler and tests.
 //!
 //! `cargo xtask python` builds the wheel, installs it into a virtualenv
 //! under `target/` and runs `tests/` with pytest.
@@ -30,6 +35,7 @@ mod pool;
 mod scheduler;
 mod sequence;
 mod sim;
+mod vllm_pool;
 
 use pyo3::prelude::*;
 
@@ -65,6 +71,7 @@ fn kvbm(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<plan::DecodeWork>()?;
     module.add_class::<plan::Finished>()?;
     module.add_class::<sim::Trace>()?;
+    module.add_class::<vllm_pool::VllmBlockPool>()?;
     module.add_function(wrap_pyfunction!(block_hashes, module)?)?;
     module.add_function(wrap_pyfunction!(sim::replay_cache, module)?)?;
     module.add_function(wrap_pyfunction!(sim::replay_serve, module)?)?;

@@ -40,6 +40,7 @@ __all__ = [
     "DecodeWork",
     "Finished",
     "Trace",
+    "VllmBlockPool",
     "block_hashes",
     "replay_cache",
     "replay_serve",
@@ -86,6 +87,150 @@ class SimError(KvbmError):
     """A trace could not be loaded or a replay failed."""
 
 # Hashing ---------------------------------------------------------------------
+
+
+class VllmBlockPool:
+    """vLLM 0.33's ``BlockPool`` state in Rust, over block objects Python
+    owns: its free queue (in vLLM's eviction order, exactly) and its
+    prefix-cache map. ``kvbm.vllm.KvbmBlockPool`` wraps it as a drop-in for
+    vLLM's class; it works without vLLM on any objects with the attributes
+    of vLLM's ``KVCacheBlock`` (``block_id``, ``ref_cnt``, ``_block_hash``,
+    ``_block_hash_num_tokens``, ``is_null``), which it keeps as vLLM's pool
+    would.
+
+    A cache key is a block hash (``bytes``) plus the group id as 4
+    big-endian bytes, as vLLM packs them. Refusals leave the pool
+    unchanged; a call that re-enters the pool, or races another thread on
+    it, raises ``RuntimeError``.
+    """
+
+    def __new__(
+        cls,
+        blocks: Iterable[Any],
+        *,
+        enable_caching: bool = True,
+        events: bool = False,
+    ) -> VllmBlockPool:
+        """A pool over ``blocks`` (block ``i`` has ``block_id == i`` and
+        ``ref_cnt == 0``), all free in id order; block 0 becomes the null
+        block. ``enable_caching=False`` never keeps a freed block's hash in
+        the eviction order. ``events=True`` records cache events.
+
+        Raises ``InvalidArgumentError`` for an empty or misnumbered list.
+        """
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the null block included."""
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue (free or cached, evictable)."""
+    @property
+    def usage(self) -> float:
+        """The fraction of blocks in use, the null block not counted."""
+    @property
+    def null_block(self) -> Any:
+        """The null block object."""
+    @property
+    def enable_caching(self) -> bool:
+        """Whether freed blocks keep their hashes in the eviction order."""
+    @property
+    def num_cached_keys(self) -> int:
+        """Keys in the prefix-cache map."""
+    def block(self, block_id: int) -> Any:
+        """The block object with id ``block_id``."""
+    def get_new_blocks(self, num_blocks: int) -> list[Any]:
+        """Pops ``num_blocks`` blocks from the front of the free queue,
+        evicting cached ones, each with ``ref_cnt = 1``.
+
+        Raises ``PoolExhaustedError`` if fewer are free (nothing changes).
+        """
+    def touch(self, blocks: Iterable[Any]) -> None:
+        """One more reference to each block (the null block skipped); a
+        block with none leaves the free queue. All or none."""
+    def free_blocks(self, blocks: Iterable[Any]) -> list[Any] | None:
+        """Drops one reference to each block, first evicted first; blocks
+        left without one join the queue: unhashed at the front, cached at
+        the back. Returns the blocks of other pools (``None`` if none).
+
+        Raises ``PoolError`` (nothing changes) for a block freed more often
+        than referenced.
+        """
+    def unpin(self, blocks: Iterable[Any]) -> None:
+        """Drops one reference to each block; those left without one join
+        the back of the queue, hashed or not. All or none."""
+    def get_cached_block(self, block_hash: bytes, group_ids: _Seq[int]) -> list[Any] | None:
+        """The earliest block cached under ``block_hash`` for each group, or
+        ``None`` if any group misses."""
+    def find_longest_cache_hit(
+        self,
+        block_hashes: _Seq[bytes],
+        group_ids: _Seq[int],
+        max_blocks: int,
+        stride: int = 1,
+    ) -> tuple[list[Any], ...]:
+        """The longest run of cached blocks from the start, for every group
+        (block ``i``'s hash is ``block_hashes[(i + 1) * stride - 1]``), at
+        most ``max_blocks``; one list per group. Touches nothing."""
+    def cache_full_blocks(
+        self,
+        blocks: _Seq[Any],
+        block_hashes: _Seq[bytes],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        *,
+        stride: int = 1,
+        block_mask: _Seq[bool] | None = None,
+    ) -> list[bytes]:
+        """Caches ``blocks[num_cached_blocks:num_full_blocks]`` under their
+        hashes (masked-out and null blocks skipped); returns the keys.
+
+        Raises ``InvalidArgumentError`` (nothing changes) if the hashes or
+        the mask are too short.
+        """
+    def insert_hash(self, key: bytes, block: Any, num_tokens: int | None = None) -> bool:
+        """Caches ``block`` under ``key``: its primary key if it has none,
+        else an extra one. Returns whether the key is new for the block."""
+    def remove_hashes(self, block: Any) -> list[bytes]:
+        """Drops every key of ``block`` and resets its hash; returns the
+        keys that mapped to it (no event recorded)."""
+    def evict_block(self, block: Any) -> bool:
+        """Evicts ``block`` from the prefix cache, with ``removed`` events;
+        whether it had a key."""
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Evicts these blocks from the prefix cache; free ones keep their
+        place in the queue.
+
+        Raises ``InvalidArgumentError`` (nothing changes) for an id out of
+        range.
+        """
+    def contains(self, key: bytes, block_id: int) -> bool:
+        """Whether ``key`` maps to block ``block_id``."""
+    def get_one_block(self, key: bytes) -> Any | None:
+        """The earliest block cached under ``key``."""
+    def cached_ids(self, key: bytes) -> list[int]:
+        """The ids cached under ``key``, earliest first."""
+    def cached_keys(self) -> list[bytes]:
+        """Every key of the prefix-cache map."""
+    def extra_keys(self, block_id: int) -> list[bytes]:
+        """The keys block ``block_id`` holds beyond its primary one."""
+    def blocks_with_extra_keys(self) -> list[int]:
+        """The ids of the blocks holding extra keys."""
+    def reset_prefix_cache(self) -> bool:
+        """Drops every hash if no block but the null block is referenced;
+        whether it did. The queue keeps its order."""
+    def free_block_ids(self) -> list[int]:
+        """The free queue's ids, front (next handed out) first."""
+    def free_block_list(self) -> list[Any]:
+        """The free queue's block objects, front first."""
+    def is_free(self, block_id: int) -> bool:
+        """Whether block ``block_id`` is in the free queue."""
+    def take_events(self) -> list[tuple[str, Any]]:
+        """The events since the last call, oldest first:
+        ``("stored", [key, ...])``, ``("removed", key)``,
+        ``("cleared", None)``. Empty without ``events=True``."""
+    def __len__(self) -> int: ...
 
 def block_hashes(tokens: _Tokens, block_size: int = 16) -> list[int]:
     """The chained hash values of ``tokens``' full blocks of ``block_size``
