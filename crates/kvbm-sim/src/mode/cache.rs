@@ -332,17 +332,8 @@ impl CacheSim {
             self.uncached_blocks += uncached_blocks as u64;
         }
         if stored_blocks > 0 {
-            let fresh = self.manager.allocate_blocks(stored_blocks)?;
-            // Sized up front: collecting `Result`s loses the length hint
-            // and regrew the vector (a sixteenth of a replay's instructions).
-            let mut staged = Vec::with_capacity(fresh.len());
-            for (block, &hash) in fresh.into_iter().zip(misses) {
-                staged.push(block.stage(hash, block_size).map_err(BlockError::from)?);
-            }
-            let stored = self
-                .manager
-                .register_blocks(staged)
-                .map_err(BlockError::from)?;
+            // No KV moves in a replay: allocated and registered at once.
+            let stored = self.manager.store_blocks(&misses[..stored_blocks])?;
             if let Some((tiers, _)) = &mut self.tiers {
                 tiers.offload_now(&stored);
             }
