@@ -352,6 +352,51 @@ impl VllmBlockPool {
             self.pending[id as usize] = 0;
         }
     }
+
+    /// Refuses, changing nothing, if any block of `ids` appears more often
+    /// than its `ref_cnt` (`refs`, as read, in the same order) allows;
+    /// `verb` says what the call does to them ("freed", "released").
+    fn check_releases(&mut self, ids: &[u32], refs: &[u64], verb: &str) -> Result<(), Error> {
+        let mut refused = None;
+        for (&id, &count) in ids.iter().zip(refs) {
+            self.pending[id as usize] += 1;
+            if u64::from(self.pending[id as usize]) > count {
+                refused = Some((id, count));
+                break;
+            }
+        }
+        self.reset_pending(ids);
+        match refused {
+            None => Ok(()),
+            Some((id, count)) => Err(Error::pool(format!(
+                "block {id} is {verb} more often than it is referenced (ref_cnt {count})"
+            ))),
+        }
+    }
+
+    /// Takes one reference off each block of `ids` (checked by
+    /// [`check_releases`](Self::check_releases)), writing its `ref_cnt`;
+    /// the ids whose last reference went, in order.
+    fn release_refs(&mut self, py: Python<'_>, ids: &[u32], refs: &[u64]) -> PyResult<Vec<u32>> {
+        let mut released = Vec::new();
+        let mut written = Ok(());
+        for (&id, &count) in ids.iter().zip(refs) {
+            let seen = self.pending[id as usize];
+            // Checked; saturating in case a hook moved the count since.
+            let now = count.saturating_sub(u64::from(seen) + 1);
+            self.pending[id as usize] = seen + 1;
+            written = Self::set_ref_cnt(py, self.blocks[id as usize].bind(py), now);
+            if written.is_err() {
+                break;
+            }
+            if now == 0 {
+                released.push(id);
+            }
+        }
+        // Reset even when a write failed, so the next call counts afresh.
+        self.reset_pending(ids);
+        written.map(|()| released)
+    }
 }
 
 #[pymethods]
@@ -606,47 +651,23 @@ impl VllmBlockPool {
         let mut ids = Vec::with_capacity(objects.len());
         let mut refs = Vec::with_capacity(objects.len());
         let mut foreign = Vec::new();
-        let checked = (|| -> PyResult<()> {
-            for block in &objects {
-                let Some(id) = self.own_id(py, block)? else {
-                    foreign.push(block);
-                    continue;
-                };
-                if id == self.null {
-                    continue;
-                }
-                let count = Self::ref_cnt(py, block)?;
-                self.pending[id as usize] += 1;
+        for block in &objects {
+            let Some(id) = self.own_id(py, block)? else {
+                foreign.push(block);
+                continue;
+            };
+            if id != self.null {
                 ids.push(id);
-                refs.push(count);
-                if u64::from(self.pending[id as usize]) > count {
-                    return Err(Error::pool(format!(
-                        "block {id} is freed more often than it is referenced (ref_cnt {count})"
-                    ))
-                    .into());
-                }
-            }
-            Ok(())
-        })();
-        self.reset_pending(&ids);
-        checked?;
-        let mut first = Vec::new();
-        let mut last = Vec::new();
-        for (&id, &count) in ids.iter().zip(&refs) {
-            let seen = self.pending[id as usize];
-            // Checked above; saturating in case a hook moved the count since.
-            let now = count.saturating_sub(u64::from(seen) + 1);
-            self.pending[id as usize] = seen + 1;
-            Self::set_ref_cnt(py, self.blocks[id as usize].bind(py), now)?;
-            if now == 0 {
-                if !self.enable_caching || self.primary[id as usize].is_none() {
-                    first.push(id);
-                } else {
-                    last.push(id);
-                }
+                refs.push(Self::ref_cnt(py, block)?);
             }
         }
-        self.reset_pending(&ids);
+        self.check_releases(&ids, &refs, "freed")?;
+        let released = self.release_refs(py, &ids, &refs)?;
+        // Without a hash to the front, in the order given; cached ones to
+        // the back (vLLM's order).
+        let (last, first): (Vec<u32>, Vec<u32>) = released
+            .into_iter()
+            .partition(|&id| self.enable_caching && self.primary[id as usize].is_some());
         self.prepend(&first);
         self.append(&last);
         if foreign.is_empty() {
@@ -663,39 +684,16 @@ impl VllmBlockPool {
         let objects = collect(blocks)?;
         let mut ids = Vec::with_capacity(objects.len());
         let mut refs = Vec::with_capacity(objects.len());
-        let checked = (|| -> PyResult<()> {
-            for block in &objects {
-                let id = self.id_of(py, block)?;
-                if id == self.null {
-                    return Err(Error::pool("the null block cannot be unpinned").into());
-                }
-                let count = Self::ref_cnt(py, block)?;
-                self.pending[id as usize] += 1;
-                ids.push(id);
-                refs.push(count);
-                if u64::from(self.pending[id as usize]) > count {
-                    return Err(Error::pool(format!(
-                        "block {id} is released more often than it is referenced"
-                    ))
-                    .into());
-                }
+        for block in &objects {
+            let id = self.id_of(py, block)?;
+            if id == self.null {
+                return Err(Error::pool("the null block cannot be unpinned").into());
             }
-            Ok(())
-        })();
-        self.reset_pending(&ids);
-        checked?;
-        let mut released = Vec::new();
-        for (&id, &count) in ids.iter().zip(&refs) {
-            let seen = self.pending[id as usize];
-            // Checked above; saturating in case a hook moved the count since.
-            let now = count.saturating_sub(u64::from(seen) + 1);
-            self.pending[id as usize] = seen + 1;
-            Self::set_ref_cnt(py, self.blocks[id as usize].bind(py), now)?;
-            if now == 0 {
-                released.push(id);
-            }
+            ids.push(id);
+            refs.push(Self::ref_cnt(py, block)?);
         }
-        self.reset_pending(&ids);
+        self.check_releases(&ids, &refs, "released")?;
+        let released = self.release_refs(py, &ids, &refs)?;
         self.append(&released);
         Ok(())
     }
