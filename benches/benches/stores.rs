@@ -17,11 +17,13 @@
 //!   no fsync on either side): the limit of `disk/put`.
 //! - `file/read`: the same file read back into the caller's buffers: the
 //!   limit of `disk/get`. The disk store reads each slot's header, then its
-//!   block, and verifies the block's checksum before it answers; that
-//!   verification is part of its cost and is measured as is.
-//! - `xxh3`: [`Checksum::of`] over the batch, what the disk store's
-//!   verification costs (and what the transfer engine pays once per block at
-//!   the device).
+//!   block, and verifies the block's checksum before it answers (a block
+//!   over 256 KiB read and hashed 256 KiB at a time, while the piece is in
+//!   the cache); that verification is part of its cost and is measured as
+//!   is.
+//! - `xxh3`: [`Checksum::of`] over the batch (XXH3 with AVX2 picked at run
+//!   time), what the disk store's verification costs (and what the
+//!   transfer engine pays once per block at the device).
 //! - `redis/put`, `redis/get`: the Redis Cluster store, one pipelined batch
 //!   per call, only when `KVBM_REDIS_CLUSTER` names a cluster's nodes
 //!   (comma-separated `redis://` URLs); skipped with a note otherwise. Its

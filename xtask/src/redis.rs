@@ -1,7 +1,8 @@
 //! The Redis Cluster the `test` gate starts for kvbm-store-redis's tests:
 //! three masters on loopback (ports 7101-7103 when free), their files in
 //! `target/redis-cluster/`, shut down when the guard drops, whether the
-//! tests passed or not.
+//! tests passed or not. `cargo xtask store-limits` may start one master
+//! instead, pinned to a CPU ([`start_with`]).
 //!
 //! In CI (`CI` set) a missing `redis-server` is installed with apt-get
 //! (Debian's `redis-server` package, which brings `redis-cli`); the
@@ -78,9 +79,38 @@ impl Drop for RedisCluster {
     }
 }
 
+/// How many masters, and the CPUs they may run on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    /// Masters: [`PORTS`]' three, or one that holds every slot.
+    pub(crate) masters: usize,
+    /// A `taskset -c` CPU list for the servers, or `None`: any CPU.
+    pub(crate) cpus: Option<&'static str>,
+}
+
+impl Layout {
+    /// The `test` gate's cluster: three masters, on any CPU.
+    pub(crate) const TESTS: Self = Self {
+        masters: PORTS.len(),
+        cpus: None,
+    };
+}
+
 /// Starts the cluster, installing Redis first in CI; `None` (after a loud
 /// warning) outside CI when Redis is not installed.
 pub(crate) fn start(sh: &Shell) -> Result<Option<RedisCluster>> {
+    start_with(sh, Layout::TESTS)
+}
+
+/// [`start`] with `layout`'s masters and CPUs.
+pub(crate) fn start_with(sh: &Shell, layout: Layout) -> Result<Option<RedisCluster>> {
+    if !(layout.masters == 1 || layout.masters == PORTS.len()) {
+        bail!(
+            "a cluster of {} masters: 1 or {} here",
+            layout.masters,
+            PORTS.len()
+        );
+    }
     let in_ci = env::var_os("CI").is_some();
     if !installed(sh) {
         if !in_ci {
@@ -102,9 +132,9 @@ pub(crate) fn start(sh: &Shell) -> Result<Option<RedisCluster>> {
         servers: Vec::new(),
         dir: dir.clone(),
     };
-    for preferred in PORTS {
+    for preferred in PORTS.into_iter().take(layout.masters) {
         let port = free_port(preferred)?;
-        let child = spawn(&dir, port)?;
+        let child = spawn(&dir, port, layout.cpus)?;
         cluster.servers.push((port, child));
         wait(&format!("redis-server on port {port}"), || {
             let port = port.to_string();
@@ -120,17 +150,25 @@ pub(crate) fn start(sh: &Shell) -> Result<Option<RedisCluster>> {
         .iter()
         .map(|(port, _)| format!("127.0.0.1:{port}"))
         .collect();
-    let created = cmd!(
-        sh,
-        "redis-cli --cluster create {addresses...} --cluster-replicas 0 --cluster-yes"
-    )
+    // `redis-cli --cluster create` wants three masters at least: one is
+    // given every slot by hand.
+    let created = match &cluster.servers[..] {
+        [(port, _)] => {
+            let port = port.to_string();
+            cmd!(sh, "redis-cli -p {port} cluster addslotsrange 0 16383")
+        }
+        _ => cmd!(
+            sh,
+            "redis-cli --cluster create {addresses...} --cluster-replicas 0 --cluster-yes"
+        ),
+    }
     .quiet()
     .ignore_stderr()
     .ignore_status()
     .output()?;
     if !created.status.success() {
         bail!(
-            "redis-cli --cluster create failed:\n{}",
+            "creating the cluster failed:\n{}",
             String::from_utf8_lossy(&created.stdout)
         );
     }
@@ -202,9 +240,18 @@ fn free_port(preferred: u16) -> Result<u16> {
     bail!("no free loopback port pair for a redis cluster node")
 }
 
-/// One cluster-enabled master, in the foreground (its own child process).
-fn spawn(dir: &Path, port: u16) -> Result<Child> {
-    Command::new("redis-server")
+/// One cluster-enabled master, in the foreground (its own child process),
+/// on `cpus` (a `taskset -c` list, which then execs the server) if given.
+fn spawn(dir: &Path, port: u16, cpus: Option<&str>) -> Result<Child> {
+    let mut server = match cpus {
+        Some(cpus) => {
+            let mut taskset = Command::new("taskset");
+            taskset.args(["-c", cpus, "redis-server"]);
+            taskset
+        }
+        None => Command::new("redis-server"),
+    };
+    server
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .arg("--dir")

@@ -17,6 +17,12 @@
 //!
 //! GB/s here are decimal (10^9 bytes per second); criterion prints GiB/s.
 //! Not part of `ci`: a 2-core CI machine's numbers are noise.
+//!
+//! With `KVBM_STORE_LIMITS_REDIS=pinned`, the Redis rows run on one master
+//! that holds every slot, pinned to CPU 1, while the bench and
+//! `redis-benchmark` (then without `--cluster`, which wants three masters)
+//! are pinned to CPU 0: on a 2-core machine, client and server then do not
+//! take turns on the same cores, as they do with three masters.
 
 use std::collections::BTreeMap;
 use std::env;
@@ -125,8 +131,31 @@ impl Estimate {
     }
 }
 
+/// The variable that picks the Redis rows' layout (see the module docs).
+const REDIS_LAYOUT_ENV: &str = "KVBM_STORE_LIMITS_REDIS";
+
+/// The CPU the bench and `redis-benchmark` run on with a pinned layout (the
+/// master runs on [`PINNED_SERVER_CPU`]).
+const PINNED_CLIENT_CPU: &str = "0";
+const PINNED_SERVER_CPU: &str = "1";
+
 pub(crate) fn run(sh: &Shell) -> Result<()> {
-    let cluster = redis::start(sh)?;
+    let pinned = match env::var(REDIS_LAYOUT_ENV).unwrap_or_default().as_str() {
+        "" | "cluster" => false,
+        "pinned" => true,
+        other => bail!("{REDIS_LAYOUT_ENV}={other:?}: `cluster` (the default) or `pinned`"),
+    };
+    let cluster = if pinned {
+        redis::start_with(
+            sh,
+            redis::Layout {
+                masters: 1,
+                cpus: Some(PINNED_SERVER_CPU),
+            },
+        )?
+    } else {
+        redis::start(sh)?
+    };
     let nodes = match &cluster {
         Some(cluster) => Some(cluster.nodes()),
         None => env::var(redis::CLUSTER_ENV).ok().filter(|n| !n.is_empty()),
@@ -145,10 +174,19 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
     }
 
     let cargo = cargo();
-    let mut bench = cmd!(
-        sh,
-        "{cargo} bench -p kvbm-benches --bench stores -- {CRITERION_ARGS...}"
-    );
+    // Built first, so a pinned run pins the bench, not the compiler.
+    cmd!(sh, "{cargo} bench -p kvbm-benches --bench stores --no-run").run()?;
+    let mut bench = if pinned {
+        cmd!(
+            sh,
+            "taskset -c {PINNED_CLIENT_CPU} {cargo} bench -p kvbm-benches --bench stores -- {CRITERION_ARGS...}"
+        )
+    } else {
+        cmd!(
+            sh,
+            "{cargo} bench -p kvbm-benches --bench stores -- {CRITERION_ARGS...}"
+        )
+    };
     if let Some(nodes) = &nodes {
         bench = bench.env(redis::CLUSTER_ENV, nodes);
     }
@@ -161,7 +199,7 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
             let (host, port) = first_node(nodes)?;
             for tokens in TOKENS {
                 let value = tokens * BYTES_PER_TOKEN;
-                for (command, rate) in redis_benchmark(sh, &host, &port, value)? {
+                for (command, rate) in redis_benchmark(sh, &host, &port, value, pinned)? {
                     redis_rates.insert((tokens, command), rate * value as f64);
                 }
             }
@@ -170,7 +208,13 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
         None => eprintln!("note: no Redis Cluster: no Redis rows"),
     }
 
-    let table = table(&estimates, &redis_rates)?;
+    let mut table = table(&estimates, &redis_rates)?;
+    if pinned && !redis_rates.is_empty() {
+        table.push_str(&format!(
+            "\nRedis rows: one master holding every slot on CPU {PINNED_SERVER_CPU}, \
+             the bench and redis-benchmark on CPU {PINNED_CLIENT_CPU} ({REDIS_LAYOUT_ENV}=pinned).\n"
+        ));
+    }
     let out = target_dir().join("store-limits.md");
     sh.write_file(&out, &table)?;
     eprintln!("\n{table}");
@@ -359,16 +403,30 @@ fn redis_benchmark_installed(sh: &Shell) -> bool {
 
 /// `redis-benchmark --cluster` SET and GET of `value` bytes, pipelined
 /// [`BATCH`] deep from one client (the store's shape: one caller, one
-/// batch in flight): requests per second of each.
-fn redis_benchmark(sh: &Shell, host: &str, port: &str, value: u64) -> Result<Vec<(String, f64)>> {
+/// batch in flight): requests per second of each. `pinned`: on
+/// [`PINNED_CLIENT_CPU`], against the one master (no `--cluster`).
+fn redis_benchmark(
+    sh: &Shell,
+    host: &str,
+    port: &str,
+    value: u64,
+    pinned: bool,
+) -> Result<Vec<(String, f64)>> {
     let requests = (REDIS_BENCHMARK_BYTES / value).max(BATCH * 8).to_string();
     let value = value.to_string();
     let batch = BATCH.to_string();
     eprintln!("redis-benchmark: SET/GET of {value} bytes, -P {batch}, -n {requests} ...");
-    let csv = cmd!(
-        sh,
-        "redis-benchmark --cluster -h {host} -p {port} -t set,get -d {value} -P {batch} -c 1 -n {requests} --csv -q"
-    )
+    let csv = if pinned {
+        cmd!(
+            sh,
+            "taskset -c {PINNED_CLIENT_CPU} redis-benchmark -h {host} -p {port} -t set,get -d {value} -P {batch} -c 1 -n {requests} --csv -q"
+        )
+    } else {
+        cmd!(
+            sh,
+            "redis-benchmark --cluster -h {host} -p {port} -t set,get -d {value} -P {batch} -c 1 -n {requests} --csv -q"
+        )
+    }
     .read()?;
     let rates: Vec<(String, f64)> = csv
         .lines()

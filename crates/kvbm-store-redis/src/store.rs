@@ -429,9 +429,15 @@ impl BlockStore for RedisClusterStore {
             }
             results.push(None);
             if self.reserve() {
-                let mut set = cmd("SET");
-                // Header and bytes go straight into the command's buffer.
-                set.arg(self.namespace.redis_key(block.key))
+                let redis_key = self.namespace.redis_key(block.key);
+                // Header and bytes go straight into the command's buffer,
+                // sized for them up front: the block is copied into it
+                // once, never again as the buffer grows.
+                let data =
+                    "SET".len() + redis_key.len() + HEADER_BYTES + block.bytes.len() + "NX".len();
+                let mut set = Cmd::with_capacity(4, data);
+                set.arg("SET")
+                    .arg(redis_key)
                     .arg(value::Encoded::new(block.key, block.checksum, block.bytes))
                     .arg("NX");
                 cmds.push(set);

@@ -5,7 +5,7 @@
 //! disk is checked (a checksum, then ranges) before it sizes or addresses
 //! anything, so a corrupt or hostile file is refused, never trusted.
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::{Checksum, Lineage};
 
@@ -174,7 +174,7 @@ impl Geometry {
         out[24..32].copy_from_slice(&self.stride.to_le_bytes());
         out[32..40].copy_from_slice(&u64::from(self.slots_per_file).to_le_bytes());
         out[40..48].copy_from_slice(&u64::from(self.capacity).to_le_bytes());
-        let sum = xxh3_64(&out[..48]);
+        let sum = XxHash3_64::oneshot(&out[..48]);
         out[48..56].copy_from_slice(&sum.to_le_bytes());
         out
     }
@@ -199,7 +199,7 @@ impl Meta {
         if bytes[0..8] != META_MAGIC {
             return Err("not a kvbm disk store's metadata (wrong magic)".into());
         }
-        if u64_at(bytes, 48) != xxh3_64(&bytes[..48]) {
+        if u64_at(bytes, 48) != XxHash3_64::oneshot(&bytes[..48]) {
             return Err("its checksum does not match (torn or corrupt)".into());
         }
         let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
@@ -309,7 +309,7 @@ pub(crate) fn dead_header() -> [u8; HEADER] {
 
 /// Writes the header's checksum over everything before it.
 fn seal(out: &mut [u8; HEADER]) {
-    let sum = xxh3_64(&out[..SEAL]);
+    let sum = XxHash3_64::oneshot(&out[..SEAL]);
     out[SEAL..].copy_from_slice(&sum.to_le_bytes());
 }
 
@@ -323,7 +323,7 @@ impl SlotHeader {
         if magic != LIVE && magic != DEAD {
             return Self::Bad("the slot header's magic is wrong");
         }
-        if u64_at(bytes, SEAL) != xxh3_64(&bytes[..SEAL]) {
+        if u64_at(bytes, SEAL) != XxHash3_64::oneshot(&bytes[..SEAL]) {
             return Self::Bad("the slot header's checksum does not match");
         }
         if magic == DEAD {

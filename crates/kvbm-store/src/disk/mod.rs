@@ -269,9 +269,15 @@ impl DiskStore {
     /// Reads `entry` of `key` into `into` and verifies it.
     fn read(&self, key: u128, entry: &Entry, into: &mut [u8]) -> Result<(), Fault> {
         let mut bytes = [0u8; HEADER];
-        // Header and block in one read; the block is trusted only once the
-        // header says it is this entry's, and its bytes verify.
-        self.files.read_slot(entry.slot, &mut bytes, into)?;
+        // Header and block in one read (a large block verified piece by
+        // piece, each hashed as it lands); the block is trusted only once
+        // the header says it is this entry's, and its bytes verify.
+        let sum = self.files.read_slot(
+            entry.slot,
+            &mut bytes,
+            into,
+            self.verify_reads.then_some(key),
+        )?;
         match SlotHeader::decode(&bytes) {
             SlotHeader::Live(header) if header.key != key => {
                 return Err(Fault::Corrupt(format!(
@@ -295,7 +301,7 @@ impl DiskStore {
             }
             SlotHeader::Bad(reason) => return Err(Fault::Corrupt(reason.into())),
         }
-        if !self.verify_reads || entry.checksum.verifies(key, into) {
+        if sum.is_none_or(|sum| sum == entry.checksum) {
             Ok(())
         } else {
             Err(Fault::Corrupt(

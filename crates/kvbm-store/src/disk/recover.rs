@@ -10,10 +10,10 @@ use std::os::unix::fs::FileExt;
 use foldhash::fast::RandomState;
 use tracing::warn;
 
-use super::files::SlotFiles;
+use super::files::{SlotFiles, read_slot_with};
 use super::index::{Entry, Index};
 use super::layout::{Geometry, HEADER, Header, SlotHeader};
-use crate::StoreError;
+use crate::{Checksum, StoreError};
 
 /// What opening a [`DiskStore`](crate::DiskStore) found in its directory.
 ///
@@ -201,8 +201,8 @@ impl Scan<'_> {
             )),
             SlotHeader::Live(_) if in_block < block_bytes => Ok(Found::Torn),
             SlotHeader::Live(header) if self.verify => {
-                let block = self.read(file, at, block_bytes)?;
-                Ok(if header.checksum.verifies(header.key, block) {
+                let sum = self.hash(file, at, block_bytes, header.key)?;
+                Ok(if sum == header.checksum {
                     Found::Block(header)
                 } else {
                     Found::Corrupt("its bytes do not match their checksum".into())
@@ -212,16 +212,31 @@ impl Scan<'_> {
         }
     }
 
-    /// The first `len` bytes of the block of the slot at `at`.
-    fn read(&mut self, file: &File, at: u64, len: usize) -> io::Result<&[u8]> {
+    /// The scan's buffer for `len` bytes.
+    fn buffer(&mut self, len: usize) -> io::Result<&mut [u8]> {
         if self.block.len() < len {
             self.block
                 .try_reserve_exact(len - self.block.len())
                 .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
             self.block.resize(len, 0);
         }
-        let block = &mut self.block[..len];
+        Ok(&mut self.block[..len])
+    }
+
+    /// The first `len` bytes of the block of the slot at `at`.
+    fn read(&mut self, file: &File, at: u64, len: usize) -> io::Result<&[u8]> {
+        let block = self.buffer(len)?;
         file.read_exact_at(block, at + HEADER as u64)?;
         Ok(block)
+    }
+
+    /// The checksum, as the block `key`, of the `len` bytes of the block of
+    /// the slot at `at`, read and hashed as a verified get does.
+    fn hash(&mut self, file: &File, at: u64, len: usize, key: u128) -> io::Result<Checksum> {
+        let block = self.buffer(len)?;
+        read_slot_with(at + HEADER as u64, None, block, Some(key), |parts, at| {
+            Ok(rustix::io::preadv(file, parts, at)?)
+        })?
+        .ok_or_else(|| io::Error::other("a verified read returned no checksum"))
     }
 }

@@ -1,10 +1,11 @@
-//! Unit tests of the disk store's format, and of its coalesced writes of
-//! runs of slots under short and failing writes.
+//! Unit tests of the disk store's format, of its coalesced writes of runs
+//! of slots under short and failing writes, and of its verified reads of
+//! large blocks piece by piece under short and interrupted reads.
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::ops::Range;
 
-use super::files::{RUN_SLOTS, SlotWrite, write_run_with};
+use super::files::{READ_CHUNK, RUN_SLOTS, SlotWrite, read_slot_with, write_run_with};
 use super::layout::{Geometry, HEADER, Header, META_LEN, Meta, SlotHeader, dead_header};
 use crate::Checksum;
 
@@ -266,5 +267,158 @@ fn a_long_run_is_cut_into_writes_of_at_most_run_slots() {
     assert!(most <= 1024, "{most} buffers in one write, past IOV_MAX");
     for nth in [0, RUN_SLOTS - 1, RUN_SLOTS, n - 1] {
         assert!(file.holds(nth, &headers[nth], &blocks[nth]));
+    }
+}
+
+/// A slot's bytes (header, then block) at offset `AT` of a fake file that
+/// reads at most `per_call` bytes a call and fails every `eintr`-th call
+/// with `EINTR`.
+struct FakeReads {
+    bytes: Vec<u8>,
+    per_call: usize,
+    eintr: usize,
+    calls: usize,
+}
+
+/// Where the fake slot starts in its file.
+const AT: u64 = 3 * 4096;
+
+impl FakeReads {
+    fn new(header: &[u8; HEADER], block: &[u8]) -> Self {
+        let mut bytes = vec![0xee; AT as usize];
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(block);
+        Self {
+            bytes,
+            per_call: usize::MAX,
+            eintr: 0,
+            calls: 0,
+        }
+    }
+
+    fn preadv(&mut self, parts: &mut [IoSliceMut<'_>], at: u64) -> io::Result<usize> {
+        self.calls += 1;
+        if self.eintr > 0 && self.calls.is_multiple_of(self.eintr) {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
+        let mut from = at as usize;
+        let mut budget = self.per_call;
+        let mut read = 0;
+        for part in parts.iter_mut() {
+            let available = self.bytes.len().saturating_sub(from);
+            let n = part.len().min(available).min(budget);
+            part[..n].copy_from_slice(&self.bytes[from..from + n]);
+            (from, budget, read) = (from + n, budget - n, read + n);
+            if n < part.len() {
+                break;
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// A block of `len` bytes that differ from piece to piece.
+fn block_of(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4099) as u8).collect()
+}
+
+/// Reads the fake slot: its header, its block and (with `sum`) checksum.
+fn read_fake(
+    file: &mut FakeReads,
+    len: usize,
+    sum: Option<u128>,
+) -> io::Result<([u8; HEADER], Vec<u8>, Option<Checksum>)> {
+    let mut header = [0u8; HEADER];
+    let mut block = vec![0u8; len];
+    let checksum = read_slot_with(AT, Some(&mut header), &mut block, sum, |parts, at| {
+        file.preadv(parts, at)
+    })?;
+    Ok((header, block, checksum))
+}
+
+#[test]
+fn a_verified_read_hashes_the_whole_block_in_pieces_of_read_chunk() {
+    let header = [0x42; HEADER];
+    for len in [
+        1,
+        4096,
+        READ_CHUNK - 1,
+        READ_CHUNK,
+        READ_CHUNK + 1,
+        3 * READ_CHUNK + 77,
+    ] {
+        let block = block_of(len);
+        let mut file = FakeReads::new(&header, &block);
+        let (got_header, got, sum) = read_fake(&mut file, len, Some(9)).unwrap();
+        assert_eq!((got_header, &got), (header, &block), "{len} bytes");
+        assert_eq!(sum, Some(Checksum::of(9, &block)), "{len} bytes");
+        assert_eq!(file.calls, len.div_ceil(READ_CHUNK), "{len} bytes");
+
+        // Unverified: header and block in one read, no checksum.
+        let mut file = FakeReads::new(&header, &block);
+        let (_, got, sum) = read_fake(&mut file, len, None).unwrap();
+        assert_eq!((got, sum, file.calls), (block, None, 1), "{len} bytes");
+    }
+}
+
+#[test]
+fn short_and_interrupted_reads_are_finished_and_hash_the_same() {
+    let header = [7; HEADER];
+    let len = 2 * READ_CHUNK + 1000;
+    let block = block_of(len);
+    for (per_call, eintr) in [(1000, 0), (4096, 3), (READ_CHUNK - 1, 2), (HEADER + 1, 5)] {
+        let mut file = FakeReads::new(&header, &block);
+        (file.per_call, file.eintr) = (per_call, eintr);
+        let (got_header, got, sum) = read_fake(&mut file, len, Some(u128::MAX)).unwrap();
+        assert_eq!((got_header, &got), (header, &block));
+        assert_eq!(sum, Some(Checksum::of(u128::MAX, &block)));
+        assert!(
+            file.calls > 3,
+            "{per_call} bytes a call read in {} calls",
+            file.calls
+        );
+    }
+}
+
+#[test]
+fn a_verified_read_catches_a_changed_byte_in_any_piece() {
+    let header = [1; HEADER];
+    let len = 3 * READ_CHUNK + 5;
+    let block = block_of(len);
+    let sum = Checksum::of(5, &block);
+    for at in [0, READ_CHUNK - 1, READ_CHUNK, 2 * READ_CHUNK + 17, len - 1] {
+        let mut rotten = block.clone();
+        rotten[at] ^= 0x10;
+        let mut file = FakeReads::new(&header, &rotten);
+        let (_, got, read_sum) = read_fake(&mut file, len, Some(5)).unwrap();
+        assert_eq!(got, rotten);
+        assert_ne!(read_sum, Some(sum), "a flip at byte {at} was not caught");
+    }
+    // The same bytes as another block's: another checksum.
+    let mut file = FakeReads::new(&header, &block);
+    assert_ne!(read_fake(&mut file, len, Some(6)).unwrap().2, Some(sum));
+}
+
+#[test]
+fn a_file_that_ends_inside_the_block_is_unexpected_eof_in_any_piece() {
+    let header = [3; HEADER];
+    let len = 2 * READ_CHUNK + 9;
+    let block = block_of(len);
+    for keep in [
+        HEADER / 2,
+        HEADER + 10,
+        HEADER + READ_CHUNK,
+        HEADER + len - 1,
+    ] {
+        let mut file = FakeReads::new(&header, &block);
+        file.bytes.truncate(AT as usize + keep);
+        for sum in [Some(1), None] {
+            let err = read_fake(&mut file, len, sum).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                io::ErrorKind::UnexpectedEof,
+                "{keep} bytes kept"
+            );
+        }
     }
 }
