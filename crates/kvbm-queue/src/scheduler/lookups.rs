@@ -50,15 +50,27 @@ impl<M> Scheduler<M> {
 
     /// Blocks the running requests hold in each KV cache group (one entry
     /// without groups): what each group's layers take of the pool now.
+    /// [`held_blocks_by_group_into`](Self::held_blocks_by_group_into)
+    /// fills a buffer instead of allocating.
     pub fn held_blocks_by_group(&self) -> Vec<usize> {
+        let mut held = Vec::new();
+        self.held_blocks_by_group_into(&mut held);
+        held
+    }
+
+    /// [`held_blocks_by_group`](Self::held_blocks_by_group) written to
+    /// `held` (cleared first, then one entry per group), allocating
+    /// nothing once `held` is large enough: for a caller that reads it
+    /// every step.
+    pub fn held_blocks_by_group_into(&self, held: &mut Vec<usize>) {
         let groups = self.groups.as_ref().map_or(1, |groups| groups.len());
-        let mut held = vec![0; groups];
+        held.clear();
+        held.resize(groups, 0);
         for running in &self.running {
             for (count, seq) in held.iter_mut().zip(running.seq.sequences()) {
                 *count += seq.held_blocks();
             }
         }
-        held
     }
 
     /// Tokens of a running request so far (prompt and generated).

@@ -43,6 +43,9 @@ pub struct StepPlan {
     /// hold device blocks and start computing in a later step's plan,
     /// `resumed`, once their loads are reported.
     pub onboarding: Vec<RequestId>,
+    /// The previous step's table-update buffers, for this step's entries
+    /// (a reused plan allocates no block lists once warm).
+    pub(crate) spare: Spare,
 }
 
 impl StepPlan {
@@ -65,6 +68,80 @@ impl StepPlan {
     /// Draft tokens proposed for verification this step.
     pub fn draft_tokens(&self) -> usize {
         self.decode.iter().map(|d| d.draft_tokens).sum()
+    }
+
+    /// Empties `prefill` and `decode`, keeping their entries' block lists
+    /// in `spare` for the next entries.
+    pub(crate) fn recycle_work(&mut self) {
+        let spare = &mut self.spare;
+        let lists = (self
+            .prefill
+            .iter_mut()
+            .map(|p| (&mut p.new_blocks, &mut p.groups)))
+        .chain(
+            self.decode
+                .iter_mut()
+                .map(|d| (&mut d.new_blocks, &mut d.groups)),
+        );
+        for (blocks, groups) in lists {
+            if blocks.capacity() > 0 {
+                spare.ids.push(std::mem::take(blocks));
+            }
+            if groups.capacity() > 0 {
+                spare.groups.push(std::mem::take(groups));
+            }
+        }
+        self.prefill.clear();
+        self.decode.clear();
+    }
+}
+
+/// Block lists of a plan's earlier entries, for its next ones.
+///
+/// Not part of what a plan says: every spare set compares equal, a clone
+/// starts with none, and `Debug` shows only how many there are.
+#[derive(Default)]
+pub(crate) struct Spare {
+    ids: Vec<Vec<BlockId>>,
+    groups: Vec<Vec<GroupBlocks>>,
+}
+
+impl Spare {
+    /// An empty block list, reused when one is spare.
+    pub(crate) fn block_ids(&mut self) -> Vec<BlockId> {
+        let mut ids = self.ids.pop().unwrap_or_default();
+        ids.clear();
+        ids
+    }
+
+    /// A list of group updates, reused when one is spare: its entries are
+    /// an earlier step's, for the caller to overwrite (keeping their block
+    /// lists' memory) or drop.
+    pub(crate) fn groups(&mut self) -> Vec<GroupBlocks> {
+        self.groups.pop().unwrap_or_default()
+    }
+}
+
+impl Clone for Spare {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for Spare {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Spare {}
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spare")
+            .field("block_lists", &self.ids.len())
+            .field("group_lists", &self.groups.len())
+            .finish()
     }
 }
 

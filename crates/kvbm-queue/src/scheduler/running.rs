@@ -172,33 +172,65 @@ impl<M> Running<M> {
 
     /// Records the scheduled work in the plan, with the blocks the engine
     /// does not know yet: new allocations sit at the end of the table.
+    /// The block lists come from the plan's spares, so a reused plan
+    /// allocates none once warm.
     pub(super) fn push_work(&mut self, work: Work, plan: &mut StepPlan) {
         self.work = Some(work);
         let resumed = self.resumed;
         let known = self.known_blocks;
-        let (covered, start, new_blocks, groups) = match &self.seq {
+        // Most steps (decodes within a block) learn no block: their lists
+        // stay unallocated.
+        let list = |plan: &mut StepPlan, fresh: usize| {
+            if resumed || fresh > 0 {
+                plan.spare.block_ids()
+            } else {
+                Vec::new()
+            }
+        };
+        let mut new_blocks;
+        let mut groups = Vec::new();
+        let (covered, start) = match &self.seq {
             RequestKv::One(seq) => {
                 let held = seq.held_blocks();
                 let fresh = held.saturating_sub(known);
-                let new_blocks = Self::table_update(seq, resumed, fresh);
-                (held, seq.kv_position(), new_blocks, Vec::new())
+                new_blocks = list(plan, fresh);
+                Self::table_update(seq, resumed, fresh, &mut new_blocks);
+                (held, seq.kv_position())
             }
             RequestKv::Groups(seq) => {
                 // Every group's table covers as many blocks (released plus
                 // held): the fresh ones are the last unassigned of each.
                 let covered = self.seq.covered_blocks();
                 let fresh = covered.saturating_sub(known);
-                let groups: Vec<GroupBlocks> = (seq.sequences().iter())
-                    .map(|group| {
-                        let blocks = Self::table_update(group, resumed, fresh);
-                        GroupBlocks::new(group.inner().skipped_blocks(), blocks)
-                    })
-                    .collect();
-                let new_blocks = groups
-                    .first()
-                    .map(|g| g.new_blocks.clone())
-                    .unwrap_or_default();
-                (covered, seq.kv_position(), new_blocks, groups)
+                new_blocks = list(plan, fresh);
+                // A spare list's updates are overwritten in place, their
+                // block lists kept.
+                groups = plan.spare.groups();
+                let sequences = seq.sequences();
+                groups.truncate(sequences.len());
+                for (i, group) in sequences.iter().enumerate() {
+                    let first_block = group.inner().skipped_blocks();
+                    let update = match groups.get_mut(i) {
+                        Some(update) => {
+                            update.first_block = first_block;
+                            update.new_blocks.clear();
+                            update
+                        }
+                        None => {
+                            groups.push(GroupBlocks::new(first_block, list(plan, fresh)));
+                            let Some(update) = groups.last_mut() else {
+                                continue;
+                            };
+                            update
+                        }
+                    };
+                    Self::table_update(group, resumed, fresh, &mut update.new_blocks);
+                    if i == 0 {
+                        // `new_blocks` repeats the first group's.
+                        new_blocks.extend_from_slice(&update.new_blocks);
+                    }
+                }
+                (covered, seq.kv_position())
             }
         };
         self.known_blocks = covered;
@@ -225,17 +257,25 @@ impl<M> Running<M> {
         }
     }
 
-    /// The blocks the engine learns for one table: the whole held table
-    /// when it starts fresh, else the `fresh` blocks allocated last.
-    fn table_update(seq: &SchedulableSequence<M>, resumed: bool, fresh: usize) -> Vec<BlockId> {
+    /// Appends to `out` the blocks the engine learns for one table: the
+    /// whole held table when it starts fresh, else the `fresh` blocks
+    /// allocated last.
+    fn table_update(
+        seq: &SchedulableSequence<M>,
+        resumed: bool,
+        fresh: usize,
+        out: &mut Vec<BlockId>,
+    ) {
         if resumed {
-            return seq.block_ids().collect();
+            out.extend(seq.block_ids());
+            return;
+        }
+        if fresh == 0 {
+            return;
         }
         let unassigned = seq.inner().assignments().unassigned();
         let skip = unassigned.len().saturating_sub(fresh);
-        (unassigned.skip(skip))
-            .map(|block| block.block_id())
-            .collect()
+        out.extend((unassigned.skip(skip)).map(|block| block.block_id()));
     }
 
     /// Fills `ids` with the staged and unassigned blocks, in table order,

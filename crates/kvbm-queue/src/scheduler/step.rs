@@ -55,8 +55,7 @@ impl<M> Scheduler<M> {
         );
         let _entered = span.enter();
         plan.step = self.next_step;
-        plan.prefill.clear();
-        plan.decode.clear();
+        plan.recycle_work();
         plan.preempted.clear();
         plan.finished.clear();
         plan.transfers.clear();

@@ -299,3 +299,57 @@ fn bad_groups_are_refused() {
     assert!(s.kv_groups().is_none());
     assert_eq!(s.held_blocks_by_group(), vec![0]);
 }
+
+#[test]
+fn a_reused_plan_with_groups_is_the_plan_step_returns() {
+    // Two grouped schedulers fed the same requests, one planning into a
+    // plan it keeps (its block lists reused from step to step), one with
+    // fresh plans: every step plans the same, tables, preemptions and all,
+    // and the engine's tables follow the reused plan's updates.
+    let config = SchedulerConfig::default().with_chunk_size(4);
+    let submit = |s: &mut Scheduler<Gpu>| {
+        for id in 0..3u32 {
+            let prompt: Vec<u32> = (0..24).map(|t| 100 * id + t).collect();
+            s.submit(InferenceRequest::new(RequestId(id.into()), prompt, 24))
+                .unwrap();
+        }
+    };
+    let mut fresh = scheduler(20, config);
+    let mut reused = scheduler(20, config);
+    submit(&mut fresh);
+    submit(&mut reused);
+    let mut plan = StepPlan::default();
+    let mut engine = EngineTables::default();
+    let mut held = vec![7; 5];
+    let (mut preempted, mut resumed, mut planned) = (0, 0, 0);
+    while !fresh.is_idle() {
+        let expected = fresh.step().unwrap();
+        reused.step_into(&mut plan).unwrap();
+        assert_eq!(plan, expected);
+        for p in &plan.prefill {
+            assert_eq!(p.groups[0].new_blocks, p.new_blocks);
+            resumed += usize::from(p.resumed);
+        }
+        for d in &plan.decode {
+            assert_eq!(d.groups[0].new_blocks, d.new_blocks);
+        }
+        planned += plan.prefill.len() + plan.decode.len();
+        preempted += plan.preempted.len();
+        engine.follow(&plan);
+        reused.held_blocks_by_group_into(&mut held);
+        assert_eq!(held, reused.held_blocks_by_group());
+        assert_eq!(held.len(), 2);
+        fresh.apply(&outputs(&expected)).unwrap();
+        reused.apply(&outputs(&plan)).unwrap();
+        reused.audit().unwrap();
+        let ids: Vec<RequestId> = reused.running_ids().collect();
+        for id in ids {
+            engine.agrees(&reused, id, 2);
+        }
+    }
+    assert!(reused.is_idle());
+    assert_eq!(reused.census().finished, 3);
+    assert!(planned > 10, "{planned} entries planned");
+    assert!(preempted > 0, "the scenario preempts");
+    assert!(resumed > 3, "preempted requests resume with whole tables");
+}

@@ -134,6 +134,9 @@ pub(super) struct KvPeaks {
     block_bytes: u64,
     peak_blocks: Vec<usize>,
     peak_in_use: usize,
+    /// Each group's held blocks at the last observation (a buffer kept
+    /// between steps).
+    held: Vec<usize>,
 }
 
 impl KvPeaks {
@@ -148,6 +151,7 @@ impl KvPeaks {
             setup,
             block_bytes: setup.block_bytes(block_size)?,
             peak_blocks: vec![0; groups.len()],
+            held: Vec::with_capacity(groups.len()),
             groups,
             peak_in_use: 0,
         })
@@ -158,11 +162,8 @@ impl KvPeaks {
         let manager = scheduler.manager();
         let in_use = (manager.total_blocks()).saturating_sub(manager.available_blocks());
         self.peak_in_use = self.peak_in_use.max(in_use);
-        for (peak, held) in self
-            .peak_blocks
-            .iter_mut()
-            .zip(scheduler.held_blocks_by_group())
-        {
+        scheduler.held_blocks_by_group_into(&mut self.held);
+        for (peak, &held) in self.peak_blocks.iter_mut().zip(&self.held) {
             *peak = (*peak).max(held);
         }
     }
