@@ -411,21 +411,17 @@ impl PoolState {
         let room = self.available();
         let skipped = hashes.len().saturating_sub(room);
         hashes.truncate(room);
-        let Ok(mut ids) = self.allocate(hashes.len(), |_| {}) else {
+        let mut stored = Vec::new();
+        if self.store(hashes, &mut stored).is_err() {
             // `available` said they fit; nothing was taken.
             let missing = hashes.len();
             hashes.clear();
             return skipped + missing;
-        };
-        self.expect_registration(hashes.len(), 0);
-        for (id, &hash) in ids.iter_mut().zip(hashes.iter()) {
-            *id = self.register(*id, hash, &[]).block_id();
         }
         // Released last first, as a dropped batch is.
-        for &id in ids.iter().rev() {
-            self.release(id);
+        for info in stored.iter().rev() {
+            self.release(info.block_id());
         }
-        self.flush_if_full();
         skipped
     }
 
