@@ -24,7 +24,10 @@ and length) on both, alternating which goes first; the scheduled requests,
 their tokens and blocks, each new request's prefix-cache hit, the finished
 and preempted requests and the free blocks must be equal, or the script
 exits non-zero at the first difference. It prints the time of
-`schedule()` + `update_from_output()` per step on each side.
+`schedule()` + `update_from_output()` per step on each side; then, in a
+third run with vLLM's pool, the share of that time spent in the pool's
+entry points and the lookup loop, which bounds the speed-up any drop-in
+for them can give.
 
 `junit`: vLLM's tests run with vLLM's pool (BASELINE) and with kvbm's
 (KVBM): every test that passes with vLLM's pool must pass with kvbm's.
@@ -239,7 +242,84 @@ def trace_main(args):
         )
     ratio = sum(times["vllm"]) / sum(times["kvbm"])
     print(f"    vLLM's pool / kvbm's pool, total time: {ratio:.2f}x")
+    kvbm.vllm.uninstall()
+    pool_share(build(), work, "vLLM's")
+    kvbm.vllm.install()
+    pool_share(build(), work, "kvbm's")
+    kvbm.vllm.uninstall()
     return 0
+
+
+# What a replacement of vLLM's pool and of its lookup loop can replace: the
+# entry points its KV cache managers call (the lookup loop calls
+# `get_cached_block` inside `find_longest_cache_hit`, counted once).
+POOL_ENTRY_POINTS = (
+    "get_cached_block",
+    "cache_full_blocks",
+    "get_new_blocks",
+    "touch",
+    "free_blocks",
+    "evict_blocks",
+    "get_num_free_blocks",
+    "get_usage",
+    "take_events",
+)
+
+
+def pool_share(scheduler, work, name):
+    """Runs vLLM's Scheduler with the pool it was built with (`name`) once
+    more, timing the pool's entry points and the lookup loop from the
+    outside (outermost calls only, a perf_counter pair each, not a profiler,
+    whose per-call cost would inflate the pool's many small calls), and
+    prints their share of `schedule()` + `update_from_output()`. With
+    vLLM's pool that bounds what any drop-in can reach: a pool and lookup
+    that took no time at all could make the step at most
+    total / (total - share) faster."""
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+    spent = [0.0]
+    depth = [0]
+
+    def timed(call):
+        def wrapper(*args, **kwargs):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[0] += time.perf_counter() - start
+
+        return wrapper
+
+    pool = scheduler.kv_cache_manager.block_pool
+    for entry in POOL_ENTRY_POINTS:
+        setattr(pool, entry, timed(getattr(pool, entry)))
+    lookup = FullAttentionManager.__dict__["find_longest_cache_hit"]
+    FullAttentionManager.find_longest_cache_hit = classmethod(timed(lookup.__func__))
+    try:
+        for request in make_requests(work):
+            scheduler.add_request(request)
+        total = 0.0
+        steps = 0
+        while scheduler.has_unfinished_requests() and steps <= 100_000:
+            start = time.perf_counter()
+            output = scheduler.schedule()
+            middle = time.perf_counter()
+            result = runner_output(output, scheduler)
+            resume = time.perf_counter()
+            scheduler.update_from_output(output, result)
+            total += (middle - start) + (time.perf_counter() - resume)
+            steps += 1
+    finally:
+        FullAttentionManager.find_longest_cache_hit = lookup
+    share = spent[0] / total
+    print(
+        f"    {name} pool and lookup, timed at their entry points in a run of their "
+        f"own: {spent[0] * 1e3:.1f} of {total * 1e3:.1f} ms ({share:.1%}); without "
+        f"them the step would be at most {1 / (1 - share):.2f}x faster"
+    )
 
 
 def outcomes(path):
