@@ -21,6 +21,10 @@
 //! opaque byte keys, and its results (block ids, hits after eviction)
 //! depend on that, so this pool reproduces the queue itself.
 //!
+//! The queue ([`free_queue`]) and the key map ([`cache_map`]) are plain data
+//! in modules of their own; this one binds them to the block objects and to
+//! Python.
+//!
 //! Refusals leave the pool unchanged: a block of another pool, a block
 //! freed more often than referenced, a hash list too short. A call that
 //! re-enters the pool (from a block's attribute hook) or races another
@@ -37,20 +41,14 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use crate::args::Count;
 use crate::errors::{Error, Kind};
 
+mod cache_map;
+mod free_queue;
+
+use cache_map::CacheMap;
+use free_queue::{FreeQueue, MAX_BLOCKS};
+
 /// A map with a fast hasher (keys are already hashes; ids are the pool's).
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// No link: the block is not in the free queue.
-const NONE: u32 = u32::MAX;
-
-/// The blocks cached under one key, earliest first (vLLM's
-/// `BlockHashToBlockMap` returns the earliest of several).
-#[derive(Debug)]
-struct Cached {
-    /// The key as Python holds it (hash bytes + 4-byte big-endian group id).
-    key: Py<PyBytes>,
-    ids: Vec<u32>,
-}
 
 /// A cache event, recorded when the pool is built with `events=True`.
 #[derive(Debug)]
@@ -70,10 +68,8 @@ pub(crate) struct VllmBlockPool {
     /// The block objects, by id; empty once the garbage collector cleared
     /// the pool (every call then raises `PoolError`).
     blocks: Vec<Py<PyAny>>,
-    /// Free-queue links; ids `n` and `n + 1` are the head and tail sentinels.
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    num_free: usize,
+    /// Free and cached blocks, in eviction order.
+    queue: FreeQueue,
     /// The null block's id (the first popped: 0).
     null: u32,
     enable_caching: bool,
@@ -83,7 +79,7 @@ pub(crate) struct VllmBlockPool {
     /// Keys a block holds beyond its primary one (partial entries).
     secondary: FastMap<u32, Vec<Py<PyBytes>>>,
     /// Key bytes to the blocks cached under them.
-    cached: FastMap<Box<[u8]>, Cached>,
+    cached: CacheMap,
     /// Per-block scratch for one call (references being dropped or added);
     /// all zero between calls.
     pending: Vec<u32>,
@@ -140,14 +136,6 @@ fn collect<'py>(blocks: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> 
 }
 
 impl VllmBlockPool {
-    fn head(&self) -> u32 {
-        self.blocks.len() as u32
-    }
-
-    fn tail(&self) -> u32 {
-        self.blocks.len() as u32 + 1
-    }
-
     fn live(&self) -> Result<(), Error> {
         if self.blocks.is_empty() {
             return Err(cleared());
@@ -186,68 +174,6 @@ impl VllmBlockPool {
         block.setattr(intern!(py, "ref_cnt"), refs)
     }
 
-    fn in_queue(&self, id: u32) -> bool {
-        self.prev[id as usize] != NONE
-    }
-
-    fn unlink(&mut self, id: u32) {
-        let (p, n) = (self.prev[id as usize], self.next[id as usize]);
-        self.next[p as usize] = n;
-        self.prev[n as usize] = p;
-        self.prev[id as usize] = NONE;
-        self.next[id as usize] = NONE;
-        self.num_free -= 1;
-    }
-
-    fn append(&mut self, ids: &[u32]) {
-        let tail = self.tail();
-        let mut last = self.prev[tail as usize];
-        for &id in ids {
-            self.prev[id as usize] = last;
-            self.next[last as usize] = id;
-            last = id;
-        }
-        self.next[last as usize] = tail;
-        self.prev[tail as usize] = last;
-        self.num_free += ids.len();
-    }
-
-    fn prepend(&mut self, ids: &[u32]) {
-        if ids.is_empty() {
-            return;
-        }
-        let head = self.head();
-        let first = self.next[head as usize];
-        let mut prev = head;
-        for &id in ids {
-            self.prev[id as usize] = prev;
-            self.next[prev as usize] = id;
-            prev = id;
-        }
-        self.next[prev as usize] = first;
-        self.prev[first as usize] = prev;
-        self.num_free += ids.len();
-    }
-
-    /// Removes `id` from the blocks cached under `key`; whether it was there.
-    fn pop_cached(&mut self, key: &[u8], id: u32) -> bool {
-        let Some(entry) = self.cached.get_mut(key) else {
-            return false;
-        };
-        let Some(at) = entry.ids.iter().position(|&i| i == id) else {
-            return false;
-        };
-        entry.ids.remove(at);
-        if entry.ids.is_empty() {
-            self.cached.remove(key);
-        }
-        true
-    }
-
-    fn contains_cached(&self, key: &[u8], id: u32) -> bool {
-        self.cached.get(key).is_some_and(|e| e.ids.contains(&id))
-    }
-
     /// vLLM's `_remove_cached_block_hashes`: drops every key of block `id`
     /// and resets its hash attributes; the keys that mapped to it.
     fn drop_keys(&mut self, py: Python<'_>, id: u32) -> PyResult<Vec<Py<PyBytes>>> {
@@ -258,7 +184,7 @@ impl VllmBlockPool {
         }
         let mut removed = Vec::with_capacity(1 + secondary.len());
         for key in primary.into_iter().chain(secondary) {
-            if self.pop_cached(key.as_bytes(py), id) {
+            if self.cached.remove(key.as_bytes(py), id) {
                 removed.push(key);
             }
         }
@@ -294,7 +220,7 @@ impl VllmBlockPool {
         {
             return Ok(false);
         }
-        if self.contains_cached(key, id) {
+        if self.cached.contains(key, id) {
             return Ok(false);
         }
         if self.primary[id as usize].is_none() {
@@ -309,41 +235,17 @@ impl VllmBlockPool {
                 .or_default()
                 .push(key_obj.clone().unbind());
         }
-        match self.cached.get_mut(key) {
-            Some(entry) => entry.ids.push(id),
-            None => {
-                self.cached.insert(
-                    key.into(),
-                    Cached {
-                        key: key_obj.clone().unbind(),
-                        ids: vec![id],
-                    },
-                );
-            }
-        }
+        self.cached.insert(key_obj, id);
         Ok(true)
     }
 
     /// The earliest block cached under the scratch key, if any.
     fn lookup(&self) -> Option<u32> {
-        self.cached
-            .get(self.key.as_slice())
-            .and_then(|e| e.ids.first().copied())
+        self.cached.first(&self.key)
     }
 
     fn objects<'py>(&self, py: Python<'py>, ids: &[u32]) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, ids.iter().map(|&id| self.blocks[id as usize].bind(py)))
-    }
-
-    /// The free queue's ids, front (next evicted) first.
-    fn queue(&self) -> Vec<u32> {
-        let mut ids = Vec::with_capacity(self.num_free);
-        let mut at = self.next[self.head() as usize];
-        while at != self.tail() {
-            ids.push(at);
-            at = self.next[at as usize];
-        }
-        ids
     }
 
     /// Clears the per-call scratch counts of `ids`.
@@ -425,7 +327,7 @@ impl VllmBlockPool {
         if n == 0 {
             return Err(Error::invalid("a pool needs at least one block (the null block)").into());
         }
-        if n >= (NONE - 2) as usize {
+        if n >= MAX_BLOCKS {
             return Err(Error::invalid(format!("{n} blocks are too many")).into());
         }
         for (i, block) in objects.iter().enumerate() {
@@ -445,34 +347,21 @@ impl VllmBlockPool {
                 return Err(Error::invalid(format!("block {i} is listed twice")).into());
             }
         }
-        let (head, tail) = (n as u32, n as u32 + 1);
-        let mut prev = vec![NONE; n + 2];
-        let mut next = vec![NONE; n + 2];
-        let mut last = head;
-        for id in 0..n as u32 {
-            prev[id as usize] = last;
-            next[last as usize] = id;
-            last = id;
-        }
-        next[last as usize] = tail;
-        prev[tail as usize] = last;
         let mut pool = Self {
             blocks: objects.into_iter().map(Bound::unbind).collect(),
-            prev,
-            next,
-            num_free: n,
+            queue: FreeQueue::all(n),
             null: 0,
             enable_caching,
             primary: (0..n).map(|_| None).collect(),
             primary_tokens: vec![None; n],
             secondary: FastMap::default(),
-            cached: FastMap::default(),
+            cached: CacheMap::default(),
             pending: vec![0; n],
             key: Vec::with_capacity(64),
             events: events.then(Vec::new),
         };
         // vLLM's null block: the first popped, a placeholder never freed.
-        pool.unlink(0);
+        pool.queue.unlink(0);
         pool.blocks[0]
             .bind(py)
             .setattr(intern!(py, "is_null"), true)?;
@@ -488,7 +377,7 @@ impl VllmBlockPool {
     /// Blocks in the free queue (free or cached, evictable).
     #[getter]
     fn num_free_blocks(&self) -> usize {
-        self.num_free
+        self.queue.len()
     }
 
     /// The fraction of blocks in use, the null block not counted (vLLM's
@@ -499,7 +388,7 @@ impl VllmBlockPool {
         if total == 0 {
             return 0.0;
         }
-        1.0 - self.num_free as f64 / total as f64
+        1.0 - self.queue.len() as f64 / total as f64
     }
 
     /// The null block object.
@@ -547,19 +436,18 @@ impl VllmBlockPool {
     ) -> PyResult<Bound<'py, PyList>> {
         self.live()?;
         let count = num_blocks.0;
-        if count > self.num_free {
+        if count > self.queue.len() {
             return Err(Error::new(
                 Kind::Exhausted,
                 format!(
                     "cannot get {count} free blocks from the pool ({} free)",
-                    self.num_free
+                    self.queue.len()
                 ),
             )
             .into());
         }
         let mut ids = Vec::with_capacity(count);
-        let mut at = self.next[self.head() as usize];
-        for _ in 0..count {
+        for at in self.queue.iter().take(count) {
             let block = self.blocks[at as usize].bind(py);
             let refs = Self::ref_cnt(py, block)?;
             if refs != 0 {
@@ -570,16 +458,8 @@ impl VllmBlockPool {
                 .into());
             }
             ids.push(at);
-            at = self.next[at as usize];
         }
-        let head = self.head();
-        self.next[head as usize] = at;
-        self.prev[at as usize] = head;
-        for &id in &ids {
-            self.prev[id as usize] = NONE;
-            self.next[id as usize] = NONE;
-        }
-        self.num_free -= count;
+        self.queue.detach_front(&ids);
         for &id in &ids {
             if self.enable_caching {
                 self.evict(py, id)?;
@@ -603,7 +483,7 @@ impl VllmBlockPool {
                     continue;
                 }
                 let count = Self::ref_cnt(py, block)?;
-                if count == 0 && self.pending[id as usize] == 0 && !self.in_queue(id) {
+                if count == 0 && self.pending[id as usize] == 0 && !self.queue.contains(id) {
                     return Err(Error::pool(format!(
                         "block {id} has ref_cnt 0 but is not in the free queue"
                     ))
@@ -623,7 +503,7 @@ impl VllmBlockPool {
             let seen = self.pending[id as usize];
             let now = count.saturating_add(u64::from(seen));
             if now == 0 {
-                self.unlink(id);
+                self.queue.unlink(id);
             }
             self.pending[id as usize] = seen + 1;
             Self::set_ref_cnt(py, self.blocks[id as usize].bind(py), now.saturating_add(1))?;
@@ -668,8 +548,8 @@ impl VllmBlockPool {
         let (last, first): (Vec<u32>, Vec<u32>) = released
             .into_iter()
             .partition(|&id| self.enable_caching && self.primary[id as usize].is_some());
-        self.prepend(&first);
-        self.append(&last);
+        self.queue.prepend(&first);
+        self.queue.append(&last);
         if foreign.is_empty() {
             return Ok(None);
         }
@@ -694,7 +574,7 @@ impl VllmBlockPool {
         }
         self.check_releases(&ids, &refs, "released")?;
         let released = self.release_refs(py, &ids, &refs)?;
-        self.append(&released);
+        self.queue.append(&released);
         Ok(())
     }
 
@@ -842,7 +722,7 @@ impl VllmBlockPool {
             let tokens = ((from + i + 1) as u64).saturating_mul(block_size.0 as u64);
             if self.primary[id as usize].is_some()
                 && self.primary_tokens[id as usize].is_none_or(|t| t >= tokens)
-                && !self.contains_cached(&self.key, id)
+                && !self.cached.contains(&self.key, id)
             {
                 return Err(Error::pool(format!(
                     "block {id} is already cached for {} tokens, not fewer than {tokens}",
@@ -949,32 +829,24 @@ impl VllmBlockPool {
         let Ok(id) = u32::try_from(block_id) else {
             return Ok(false);
         };
-        Ok(self.contains_cached(hash_bytes(key)?, id))
+        Ok(self.cached.contains(hash_bytes(key)?, id))
     }
 
     /// The earliest block cached under ``key``, or ``None``.
     fn get_one_block(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         self.live()?;
-        Ok(self
-            .cached
-            .get(hash_bytes(key)?)
-            .and_then(|e| e.ids.first())
-            .map(|&id| self.blocks[id as usize].clone_ref(py)))
+        Ok((self.cached.first(hash_bytes(key)?)).map(|id| self.blocks[id as usize].clone_ref(py)))
     }
 
     /// The ids cached under ``key``, earliest first.
     fn cached_ids(&self, key: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         self.live()?;
-        Ok(self
-            .cached
-            .get(hash_bytes(key)?)
-            .map(|e| e.ids.clone())
-            .unwrap_or_default())
+        Ok(self.cached.ids(hash_bytes(key)?).to_vec())
     }
 
     /// Every key of the prefix-cache map.
     fn cached_keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.cached.values().map(|e| e.key.bind(py)))
+        PyList::new(py, self.cached.keys().map(|key| key.bind(py)))
     }
 
     /// The keys block ``block_id`` holds beyond its primary one.
@@ -997,7 +869,7 @@ impl VllmBlockPool {
     /// queue keeps its order.
     fn reset_prefix_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.live()?;
-        if self.blocks.len() - self.num_free != 1 {
+        if self.blocks.len() - self.queue.len() != 1 {
             return Ok(false);
         }
         self.cached.clear();
@@ -1019,19 +891,19 @@ impl VllmBlockPool {
     /// The free queue's block ids, front (next handed out) first.
     fn free_block_ids(&self) -> PyResult<Vec<u32>> {
         self.live()?;
-        Ok(self.queue())
+        Ok(self.queue.iter().collect())
     }
 
     /// The free queue's block objects, front first.
     fn free_block_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.live()?;
-        self.objects(py, &self.queue())
+        self.objects(py, &self.queue.iter().collect::<Vec<_>>())
     }
 
     /// Whether block ``block_id`` is in the free queue.
     fn is_free(&self, block_id: Count) -> PyResult<bool> {
         self.live()?;
-        Ok(block_id.0 < self.blocks.len() && self.in_queue(block_id.0 as u32))
+        Ok(block_id.0 < self.blocks.len() && self.queue.contains(block_id.0 as u32))
     }
 
     /// The cache events since the last call, oldest first:
@@ -1079,7 +951,7 @@ impl VllmBlockPool {
         format!(
             "VllmBlockPool(num_blocks={}, free={}, cached_keys={}, enable_caching={})",
             self.blocks.len(),
-            self.num_free,
+            self.queue.len(),
             self.cached.len(),
             if self.enable_caching { "True" } else { "False" }
         )
@@ -1097,8 +969,8 @@ impl VllmBlockPool {
                 visit.call(key)?;
             }
         }
-        for entry in self.cached.values() {
-            visit.call(&entry.key)?;
+        for key in self.cached.keys() {
+            visit.call(key)?;
         }
         for event in self.events.iter().flatten() {
             match event {
@@ -1121,9 +993,7 @@ impl VllmBlockPool {
         self.secondary.clear();
         self.cached.clear();
         self.pending.clear();
-        self.prev.clear();
-        self.next.clear();
-        self.num_free = 0;
+        self.queue.clear();
         if let Some(events) = &mut self.events {
             events.clear();
         }
