@@ -25,9 +25,10 @@ their tokens and blocks, each new request's prefix-cache hit, the finished
 and preempted requests and the free blocks must be equal, or the script
 exits non-zero at the first difference. It prints the time of
 `schedule()` + `update_from_output()` per step on each side; then, in a
-third run with vLLM's pool, the share of that time spent in the pool's
-entry points and the lookup loop, which bounds the speed-up any drop-in
-for them can give.
+run of its own with each pool, the share of that time spent in the
+pool's entry points and the lookup loop (with vLLM's pool: the bound on the
+speed-up any drop-in for them can give), and in a last run the share of
+vLLM's whole `KVCacheManager`.
 
 `junit`: vLLM's tests run with vLLM's pool (BASELINE) and with kvbm's
 (KVBM): every test that passes with vLLM's pool must pass with kvbm's.
@@ -247,6 +248,7 @@ def trace_main(args):
     kvbm.vllm.install()
     pool_share(build(), work, "kvbm's")
     kvbm.vllm.uninstall()
+    manager_share(build(), work)
     return 0
 
 
@@ -266,60 +268,90 @@ POOL_ENTRY_POINTS = (
 )
 
 
-def pool_share(scheduler, work, name):
-    """Runs vLLM's Scheduler with the pool it was built with (`name`) once
-    more, timing the pool's entry points and the lookup loop from the
-    outside (outermost calls only, a perf_counter pair each, not a profiler,
-    whose per-call cost would inflate the pool's many small calls), and
-    prints their share of `schedule()` + `update_from_output()`. With
-    vLLM's pool that bounds what any drop-in can reach: a pool and lookup
-    that took no time at all could make the step at most
-    total / (total - share) faster."""
-    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+class EntryTimer:
+    """Time spent inside wrapped calls, outermost calls only (a
+    perf_counter pair each, not a profiler, whose per-call cost would
+    inflate many small calls)."""
 
-    spent = [0.0]
-    depth = [0]
+    def __init__(self):
+        self.spent = 0.0
+        self.depth = 0
 
-    def timed(call):
+    def wrap(self, call):
         def wrapper(*args, **kwargs):
-            depth[0] += 1
+            self.depth += 1
             start = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
-                depth[0] -= 1
-                if depth[0] == 0:
-                    spent[0] += time.perf_counter() - start
+                self.depth -= 1
+                if self.depth == 0:
+                    self.spent += time.perf_counter() - start
 
         return wrapper
 
-    pool = scheduler.kv_cache_manager.block_pool
-    for entry in POOL_ENTRY_POINTS:
-        setattr(pool, entry, timed(getattr(pool, entry)))
-    lookup = FullAttentionManager.__dict__["find_longest_cache_hit"]
-    FullAttentionManager.find_longest_cache_hit = classmethod(timed(lookup.__func__))
-    try:
-        for request in make_requests(work):
-            scheduler.add_request(request)
-        total = 0.0
-        steps = 0
-        while scheduler.has_unfinished_requests() and steps <= 100_000:
-            start = time.perf_counter()
-            output = scheduler.schedule()
-            middle = time.perf_counter()
-            result = runner_output(output, scheduler)
-            resume = time.perf_counter()
-            scheduler.update_from_output(output, result)
-            total += (middle - start) + (time.perf_counter() - resume)
-            steps += 1
-    finally:
-        FullAttentionManager.find_longest_cache_hit = lookup
-    share = spent[0] / total
+
+def timed_run(scheduler, work):
+    """The time of `schedule()` + `update_from_output()` of a whole run."""
+    for request in make_requests(work):
+        scheduler.add_request(request)
+    total = 0.0
+    steps = 0
+    while scheduler.has_unfinished_requests() and steps <= 100_000:
+        start = time.perf_counter()
+        output = scheduler.schedule()
+        middle = time.perf_counter()
+        result = runner_output(output, scheduler)
+        resume = time.perf_counter()
+        scheduler.update_from_output(output, result)
+        total += (middle - start) + (time.perf_counter() - resume)
+        steps += 1
+    return total
+
+
+def print_share(what, timer, total):
+    share = timer.spent / total
     print(
-        f"    {name} pool and lookup, timed at their entry points in a run of their "
-        f"own: {spent[0] * 1e3:.1f} of {total * 1e3:.1f} ms ({share:.1%}); without "
+        f"    {what}, timed at their entry points in a run of their own: "
+        f"{timer.spent * 1e3:.1f} of {total * 1e3:.1f} ms ({share:.1%}); without "
         f"them the step would be at most {1 / (1 - share):.2f}x faster"
     )
+
+
+def pool_share(scheduler, work, name):
+    """Runs vLLM's Scheduler with the pool it was built with (`name`) once
+    more, timing the pool's entry points and the lookup loop, and prints
+    their share of `schedule()` + `update_from_output()`. With vLLM's pool
+    that bounds what any drop-in can reach: a pool and lookup that took no
+    time at all could make the step at most total / (total - share)
+    faster."""
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+    timer = EntryTimer()
+    pool = scheduler.kv_cache_manager.block_pool
+    for entry in POOL_ENTRY_POINTS:
+        setattr(pool, entry, timer.wrap(getattr(pool, entry)))
+    lookup = FullAttentionManager.__dict__["find_longest_cache_hit"]
+    FullAttentionManager.find_longest_cache_hit = classmethod(timer.wrap(lookup.__func__))
+    try:
+        total = timed_run(scheduler, work)
+    finally:
+        FullAttentionManager.find_longest_cache_hit = lookup
+    print_share(f"{name} pool and lookup", timer, total)
+
+
+def manager_share(scheduler, work):
+    """As `pool_share`, for every method of vLLM's `KVCacheManager` (which
+    calls the pool): what a replacement of the whole manager could gain."""
+    import inspect
+
+    timer = EntryTimer()
+    manager = scheduler.kv_cache_manager
+    methods = inspect.getmembers(type(manager), predicate=inspect.isfunction)
+    for method, _ in methods:
+        if not method.startswith("__"):
+            setattr(manager, method, timer.wrap(getattr(manager, method)))
+    print_share("vLLM's whole KVCacheManager", timer, timed_run(scheduler, work))
 
 
 def outcomes(path):

@@ -23,7 +23,8 @@
 //! `schedule()` + `update_from_output()` per step on both, interleaved in
 //! the run of (a), printed, and then each pool's share of that time (its
 //! entry points and the lookup loop, timed in a run of their own): vLLM's
-//! share bounds the speed-up any drop-in can give. The tests run offline on the CPU
+//! share bounds the speed-up any drop-in can give; and the share of vLLM's
+//! whole `KVCacheManager`. The tests run offline on the CPU
 //! (`VLLM_TARGET_DEVICE=cpu`, `HF_HUB_OFFLINE=1`) with a Hugging Face cache
 //! holding only the config.json of the model they name; those needing other
 //! models fail with vLLM's own pool too and are counted, not compared.
