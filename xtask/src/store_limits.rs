@@ -302,7 +302,43 @@ fn table(
             checksums.join(", ")
         ));
     }
+    let bounds = verified_read_bounds(estimates);
+    if !bounds.is_empty() {
+        lines.push(String::new());
+        lines.push(format!(
+            "A verified get copies a block out of the page cache and then hashes it, on one \
+             core: at best 1 / (1/`file/read` + 1/xxh3 on data in cache), {}.",
+            bounds.join("; ")
+        ));
+    }
     Ok(lines.join("\n") + "\n")
+}
+
+/// Per block size, the ceiling of a verified get on one core (the plain
+/// read, then the hash of what it just read, at the smallest block's xxh3
+/// rate: those blocks are hashed while still in cache) and how close the
+/// verified get comes to it.
+fn verified_read_bounds(estimates: &BTreeMap<(u64, String), Estimate>) -> Vec<String> {
+    let rate = |tokens: u64, id: &str| {
+        (estimates.get(&(tokens, id.to_owned()))).map(|e| e.bytes_per_second())
+    };
+    let Some(hot_hash) = TOKENS.iter().find_map(|&tokens| rate(tokens, "xxh3")) else {
+        return Vec::new();
+    };
+    TOKENS
+        .iter()
+        .filter_map(|&tokens| {
+            let read = rate(tokens, "file/read")?;
+            let verified = rate(tokens, "disk/get")?;
+            let bound = 1.0 / (1.0 / read + 1.0 / hot_hash);
+            Some(format!(
+                "{tokens} tokens {:.2} GB/s ({:.0}% of the plain read; the verified get reaches {:.0}% of it)",
+                bound / 1e9,
+                bound / read * 100.0,
+                verified / bound * 100.0
+            ))
+        })
+        .collect()
 }
 
 /// `16 KiB`, `4 MiB`.
@@ -443,4 +479,31 @@ fn redis_benchmark(
         bail!("redis-benchmark's CSV has no SET and GET rows:\n{csv}");
     }
     Ok(rates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn estimate(bytes_per_second: f64) -> Estimate {
+        Estimate {
+            bytes: 1_000_000_000,
+            mean_ns: 1e18 / bytes_per_second,
+        }
+    }
+
+    #[test]
+    fn a_verified_read_is_bounded_by_the_read_then_the_hash() {
+        let mut estimates = BTreeMap::new();
+        for (id, rate) in [("file/read", 18e9), ("xxh3", 36e9), ("disk/get", 9e9)] {
+            estimates.insert((16, id.to_owned()), estimate(rate));
+        }
+        // 1 / (1/18 + 1/36) = 12 GB/s: two thirds of the read; 9 is 75% of it.
+        assert_eq!(
+            verified_read_bounds(&estimates),
+            ["16 tokens 12.00 GB/s (67% of the plain read; the verified get reaches 75% of it)"]
+        );
+        estimates.remove(&(16, "xxh3".to_owned()));
+        assert!(verified_read_bounds(&estimates).is_empty());
+    }
 }
