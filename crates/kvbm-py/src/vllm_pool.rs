@@ -239,6 +239,25 @@ impl VllmBlockPool {
         Ok(true)
     }
 
+    /// Looks `hash` up in each of `groups`, in order, passing each group's
+    /// index and earliest cached block to `found`; false at the first group
+    /// with none (vLLM's hit needs every group).
+    fn lookup_groups(
+        &mut self,
+        hash: &[u8],
+        groups: &[u32],
+        mut found: impl FnMut(usize, u32),
+    ) -> bool {
+        for (g, &group) in groups.iter().enumerate() {
+            push_key(&mut self.key, hash, group);
+            match self.lookup() {
+                Some(id) => found(g, id),
+                None => return false,
+            }
+        }
+        true
+    }
+
     /// The earliest block cached under the scratch key, if any.
     fn lookup(&self) -> Option<u32> {
         self.cached.first(&self.key)
@@ -590,12 +609,8 @@ impl VllmBlockPool {
         self.live()?;
         let hash = hash_bytes(block_hash)?;
         let mut found = Vec::with_capacity(group_ids.len());
-        for group in group_ids {
-            push_key(&mut self.key, hash, group);
-            match self.lookup() {
-                Some(id) => found.push(id),
-                None => return Ok(None),
-            }
+        if !self.lookup_groups(hash, &group_ids, |_, id| found.push(id)) {
+            return Ok(None);
         }
         Ok(Some(self.objects(py, &found)?))
     }
@@ -625,21 +640,15 @@ impl VllmBlockPool {
         let wanted = max_blocks.0.min(available);
         // Grown as blocks match: `wanted` and the groups are the caller's sizes.
         let mut found: Vec<Vec<u32>> = vec![Vec::new(); group_ids.len()];
-        'blocks: for i in 0..wanted {
+        for i in 0..wanted {
             let hash_obj = item(block_hashes, (i + 1) * stride - 1)?;
             let hash = hash_bytes(&hash_obj)?;
-            for (g, &group) in group_ids.iter().enumerate() {
-                push_key(&mut self.key, hash, group);
-                match self.lookup() {
-                    Some(id) => found[g].push(id),
-                    None => {
-                        // Groups before this one matched block i: drop it.
-                        for list in &mut found[..g] {
-                            list.truncate(i);
-                        }
-                        break 'blocks;
-                    }
+            if !self.lookup_groups(hash, &group_ids, |g, id| found[g].push(id)) {
+                // Groups before the one that missed matched block i: drop it.
+                for list in &mut found {
+                    list.truncate(i);
                 }
+                break;
             }
         }
         let lists = found
