@@ -4,6 +4,8 @@
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Write};
 use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
@@ -102,7 +104,7 @@ fn lock(dir: &Path) -> Result<File, StoreError> {
         .truncate(false)
         .open(&path)
         .map_err(|err| refused(dir, unwritable(&format!("lock {LOCK}"), &err)))?;
-    match file.try_lock() {
+    match try_lock_briefly(&file) {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => {
             Err(refused(dir, "is in use by another open disk store".into()))
@@ -112,6 +114,25 @@ fn lock(dir: &Path) -> Result<File, StoreError> {
             Ok(file)
         }
         Err(TryLockError::Error(err)) => Err(refused(dir, format!("cannot lock {LOCK}: {err}"))),
+    }
+}
+
+/// How long a busy lock is retried before the directory counts as in use.
+const LOCK_PATIENCE: Duration = Duration::from_millis(200);
+
+/// Takes the lock, retrying for [`LOCK_PATIENCE`] while it is busy: a store
+/// just closed in this process can still hold it for an instant, because
+/// a child being spawned by another thread keeps a copy of every open file
+/// until it execs (the lock lives as long as any copy does).
+fn try_lock_briefly(file: &File) -> Result<(), TryLockError> {
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Err(TryLockError::WouldBlock) if started.elapsed() < LOCK_PATIENCE => {
+                thread::sleep(Duration::from_millis(2));
+            }
+            other => return other,
+        }
     }
 }
 

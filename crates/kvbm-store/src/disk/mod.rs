@@ -146,7 +146,9 @@ impl DiskStore {
     ///   capacity smaller than the stored store's (it could drop blocks).
     /// - [`StoreError::Directory`]: the directory is missing (and not to be
     ///   created), not a directory, read-only, in use by another open
-    ///   store, holds files but no store (foreign), or its metadata is
+    ///   store (still so after 200 ms: a store just closed in this process
+    ///   can hold the lock an instant longer while another thread spawns a
+    ///   child), holds files but no store (foreign), or its metadata is
     ///   corrupt or declares a geometry that cannot work.
     /// - [`StoreError::WrongSize`]: the stored store's blocks are of another
     ///   size.
