@@ -196,14 +196,8 @@ def trace_main(args):
                 kvbm.vllm.install()
             else:
                 kvbm.vllm.uninstall()
-            start = time.perf_counter()
-            output = scheduler.schedule()
-            middle = time.perf_counter()
-            result = runner_output(output, scheduler)
-            resume = time.perf_counter()
-            reported = scheduler.update_from_output(output, result)
-            end = time.perf_counter()
-            times[name].append((middle - start) + (end - resume))
+            spent, output, reported = timed_step(scheduler)
+            times[name].append(spent)
             seen[name] = digest(output, scheduler)
             seen[name]["outputs"] = engine_outputs(reported)
             hits[name] += sum(r[1] for r in seen[name]["new"])
@@ -291,6 +285,20 @@ class EntryTimer:
         return wrapper
 
 
+def timed_step(scheduler):
+    """One step: the time of `schedule()` + `update_from_output()` (not of
+    the stand-in model runner between them), the scheduler output and what
+    `update_from_output` reported."""
+    start = time.perf_counter()
+    output = scheduler.schedule()
+    middle = time.perf_counter()
+    result = runner_output(output, scheduler)
+    resume = time.perf_counter()
+    reported = scheduler.update_from_output(output, result)
+    end = time.perf_counter()
+    return (middle - start) + (end - resume), output, reported
+
+
 def timed_run(scheduler, work):
     """The time of `schedule()` + `update_from_output()` of a whole run."""
     for request in make_requests(work):
@@ -298,13 +306,7 @@ def timed_run(scheduler, work):
     total = 0.0
     steps = 0
     while scheduler.has_unfinished_requests() and steps <= 100_000:
-        start = time.perf_counter()
-        output = scheduler.schedule()
-        middle = time.perf_counter()
-        result = runner_output(output, scheduler)
-        resume = time.perf_counter()
-        scheduler.update_from_output(output, result)
-        total += (middle - start) + (time.perf_counter() - resume)
+        total += timed_step(scheduler)[0]
         steps += 1
     return total
 
@@ -323,8 +325,8 @@ def pool_share(scheduler, work, name):
     more, timing the pool's entry points and the lookup loop, and prints
     their share of `schedule()` + `update_from_output()`. With vLLM's pool
     that bounds what any drop-in can reach: a pool and lookup that took no
-    time at all could make the step at most total / (total - share)
-    faster."""
+    time at all could make the step at most total / (total - time spent in
+    them) faster."""
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
     timer = EntryTimer()

@@ -2,13 +2,10 @@
 //! group) to the blocks cached under them, several per key, the earliest
 //! answering a lookup.
 
-use std::collections::HashMap;
-
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-/// A map with a fast hasher (keys are already hashes).
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+use super::FastMap;
 
 /// The blocks cached under one key, earliest first.
 #[derive(Debug)]
