@@ -73,6 +73,13 @@ impl InactivePool {
         }
     }
 
+    /// Whether [`on_hit`](Self::on_hit) does anything: a loop over many
+    /// hits asks once.
+    #[inline]
+    pub(crate) fn tracks_hits(&self) -> bool {
+        matches!(self, Self::MultiLevel(_))
+    }
+
     /// A registered block was matched or deduplicated against.
     #[inline]
     pub(crate) fn on_hit(&mut self, hash: SequenceHash) {
