@@ -91,6 +91,12 @@ impl LiveIds {
         self.state().cancelled.contains(&id)
     }
 
+    /// Whether any id may be cancelled and not yet ended (one atomic load;
+    /// a cancel racing it is seen at the next look).
+    pub(super) fn any_cancelled(&self) -> bool {
+        self.0.any_cancelled.load(Ordering::Acquire)
+    }
+
     /// The ids cancelled and not yet ended; each stays listed until the
     /// scheduler retires it.
     pub(super) fn cancelled(&self) -> Vec<RequestId> {

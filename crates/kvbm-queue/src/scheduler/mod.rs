@@ -7,6 +7,7 @@ mod census;
 mod config;
 mod kv;
 mod live;
+mod lone_decode;
 mod lookups;
 mod onboard;
 mod plan;

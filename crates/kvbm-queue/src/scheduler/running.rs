@@ -347,6 +347,53 @@ impl<M> Running<M> {
         });
     }
 
+    /// Whether this request's next decode step would only compute one
+    /// token's KV inside the blocks it holds: a single-group sequence whose
+    /// table the engine knows whole, idle with its prompt computed, whose
+    /// step allocates no block, registers none and does not end it (its
+    /// last token does). Such a step changes nothing but the sequence's
+    /// tokens and position; [`decode_in_place`](Self::decode_in_place) runs it.
+    pub(super) fn decodes_in_place(&self) -> bool {
+        let RequestKv::One(seq) = &self.seq else {
+            return false;
+        };
+        if self.work.is_some()
+            || self.resumed
+            || self.known_blocks != seq.held_blocks()
+            || seq.state() != SequenceState::Idle
+            || !seq.is_prefill_complete()
+        {
+            return false;
+        }
+        let inner = seq.inner();
+        let assignments = inner.assignments();
+        let registers_up_to = (seq.kv_position().saturating_add(1)) / inner.block_size().max(1);
+        inner.generated_tokens().saturating_add(1) < inner.max_output_tokens()
+            && inner.additional_blocks_needed(inner.total_tokens()) == 0
+            && assignments.staged_count() == 0
+            && registers_up_to <= assignments.assigned_end()
+    }
+
+    /// Schedules and applies one decode step that
+    /// [`decodes_in_place`](Self::decodes_in_place), sampling `token`: the
+    /// calls on the sequence a `step` + `apply` pair makes for it. Whether
+    /// it ran; if not, nothing changed.
+    pub(super) fn decode_in_place(&mut self, token: u32, manager: &BlockManager<M>) -> bool {
+        let RequestKv::One(seq) = &mut self.seq else {
+            return false;
+        };
+        if seq.schedule_decode(manager).is_err() {
+            return false;
+        }
+        if seq.apply_decode(token, manager).is_err() {
+            // Only unapplied work is reverted, which always succeeds.
+            let reverted = seq.revert_schedule();
+            debug_assert!(reverted.is_ok(), "{} had a schedule to revert", self.id());
+            return false;
+        }
+        true
+    }
+
     /// Applies the engine's output to the scheduled work; `Some` when the
     /// request is done.
     ///

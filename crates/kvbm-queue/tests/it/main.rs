@@ -20,6 +20,8 @@ mod hashed;
 mod kernels;
 #[cfg(not(kvbm_loom))]
 mod liveness;
+#[cfg(not(kvbm_loom))]
+mod lone_decode;
 mod model;
 #[cfg(not(kvbm_loom))]
 mod priority;
