@@ -223,7 +223,12 @@ fn match_into(
             inactive.remove(id);
         }
         slot.refs = slot.refs.saturating_add(1);
-        out.push(BlockInfo::from_raw(id, slot.epoch(), slot.value, slot.position));
+        out.push(BlockInfo::from_raw(
+            id,
+            slot.epoch(),
+            slot.value,
+            slot.position,
+        ));
     }
 }
 

@@ -9,8 +9,8 @@
 
 use kvbm_blocks::EventSubscription;
 use kvbm_queue::{
-    EngineOutput, FinishReason, InferenceRequest, RequestId, Scheduler, SchedulerConfig,
-    StepPlan, StepReport,
+    EngineOutput, FinishReason, InferenceRequest, RequestId, Scheduler, SchedulerConfig, StepPlan,
+    StepReport,
 };
 use proptest::prelude::*;
 
@@ -144,12 +144,13 @@ fn run_both(w: &Workload) -> Result<u64, TestCaseError> {
         let cap = w.caps[round % w.caps.len()]
             .min(next_arrival.map_or(u64::MAX, |at| at.saturating_sub(now)));
         let ran = fused.run_lone_decode(cap, |id, position| {
-            (w.stops >> (position % 64) & 1 == 0 || position % 5 != 0)
-                .then(|| token(id, position))
+            (w.stops >> (position % 64) & 1 == 0 || position % 5 != 0).then(|| token(id, position))
         });
         prop_assert!(ran <= cap);
         for _ in 0..ran {
-            let plan = plain.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let plan = plain
+                .step()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert!(plan.prefill.is_empty() && plan.preempted.is_empty());
             prop_assert!(plan.finished.is_empty() && plan.transfers.is_empty());
             prop_assert_eq!(plan.decode.len(), 1);
@@ -216,7 +217,7 @@ fn a_lone_request_decodes_in_place_between_block_boundaries() {
         steps += 1;
         let report = s.apply(&outputs(&plan, 0)).unwrap();
         if let Some(done) = report.finished.first() {
-            break done.clone();
+            break *done;
         }
     };
     assert_eq!(finished.reason, FinishReason::MaxTokens);
@@ -237,8 +238,12 @@ fn nothing_runs_in_place_unless_a_lone_request_decodes() {
     let decode_ready = |config: SchedulerConfig, prompts: &[u64]| {
         let mut s = scheduler(64, config);
         for &id in prompts {
-            s.submit(InferenceRequest::new(RequestId(id), vec![1, 2, 3, 4, 5], 40))
-                .unwrap();
+            s.submit(InferenceRequest::new(
+                RequestId(id),
+                vec![1, 2, 3, 4, 5],
+                40,
+            ))
+            .unwrap();
         }
         let plan = s.step().unwrap();
         s.apply(&outputs(&plan, 0)).unwrap();
@@ -272,5 +277,9 @@ fn nothing_runs_in_place_unless_a_lone_request_decodes() {
     assert_eq!(s.run_lone_decode(10, |_, _| None), 0, "the engine stops");
     assert_eq!(s.tokens(RequestId(1)).unwrap(), tokens);
     assert_eq!(s.run_lone_decode(0, any), 0, "no steps asked for");
-    assert_eq!(s.run_lone_decode(10, any), 2, "slots 5 and 6, then 7 registers");
+    assert_eq!(
+        s.run_lone_decode(10, any),
+        2,
+        "slots 5 and 6, then 7 registers"
+    );
 }

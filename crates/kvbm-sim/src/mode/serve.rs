@@ -61,6 +61,7 @@
 
 mod config;
 mod draws;
+mod in_place;
 mod kv;
 mod latency;
 mod report;
@@ -290,6 +291,8 @@ pub(crate) struct ServeSim<'a> {
     eviction: Eviction,
     step_time: StepTime,
     audit_every: Option<u64>,
+    /// Whether lone decodes run in place ([`ServeConfig`]'s `in_place`).
+    in_place: bool,
     spec_accept: f64,
     seed: u64,
     scheduler: Scheduler<Simulated>,
@@ -413,6 +416,7 @@ impl<'a> ServeSim<'a> {
             eviction: config.eviction,
             step_time: config.step_time,
             audit_every: config.audit_every,
+            in_place: config.in_place,
             spec_accept: config.spec_accept,
             seed: config.seed,
             scheduler,
@@ -603,6 +607,11 @@ impl<'a> ServeSim<'a> {
                     }
                     None => break,
                 }
+            }
+            // Steps before the next arrival that only decode one request
+            // run at once, with the same results.
+            if self.advance_in_place(self.next_arrival_time())? > 0 {
+                continue;
             }
             let changed = self.advance(sink.as_deref_mut())?;
             if !changed {
@@ -1051,5 +1060,7 @@ mod tests;
 mod tests_data_plane;
 #[cfg(test)]
 mod tests_groups;
+#[cfg(test)]
+mod tests_in_place;
 #[cfg(test)]
 mod tests_tiers;

@@ -55,6 +55,10 @@ pub struct ServeConfig {
     /// [`ServeReport::kv`]. It does not work with tiers or speculative
     /// decoding yet ([`validate`](Self::validate) refuses them).
     pub kv: Option<KvSetup>,
+    /// Whether a lone request's decodes run in place
+    /// ([`Scheduler::run_lone_decode`]); the results are the same either
+    /// way, which the tests check by turning it off.
+    pub(crate) in_place: bool,
 }
 
 impl Default for ServeConfig {
@@ -72,6 +76,7 @@ impl Default for ServeConfig {
             metrics: true,
             tiers: TierSetup::default(),
             kv: None,
+            in_place: true,
         }
     }
 }

@@ -1,0 +1,81 @@
+//! Lone decodes in place: the steps of an engine whose one running request
+//! decodes inside the blocks it holds, simulated at once
+//! ([`Scheduler::run_lone_decode`](kvbm_queue::Scheduler::run_lone_decode))
+//! with the bookkeeping of as many [`ServeSim::advance`] calls.
+//!
+//! An engine behind a router spends most of its steps this way (a request
+//! generating alone between arrivals), and the plan, report and counters
+//! of each such step cost many times its decode. Every report stays the
+//! same: each such step would plan one decode with no table update, send
+//! no cache event, admit, preempt and finish nobody, and take the same
+//! time, so its counters add up in closed form.
+
+use super::{ServeSim, tokens};
+use crate::SimError;
+
+impl ServeSim<'_> {
+    /// Runs in place the steps that begin before `until` (any, for `None`)
+    /// while each is a lone decode in place, auditing where
+    /// [`advance`](Self::advance) would; returns how many ran (0 when the
+    /// next step is not one, or the engine has transfers, which steps
+    /// start and end).
+    ///
+    /// # Errors
+    ///
+    /// As [`advance`](Self::advance)'s audit.
+    pub(crate) fn advance_in_place(&mut self, until: Option<u64>) -> Result<u64, SimError> {
+        if !self.in_place || self.transfers.is_some() {
+            return Ok(0);
+        }
+        // A plain decode of one request: what `step` charges it.
+        let elapsed = self.step_time.step_nanos(0, 1);
+        let start = self.now;
+        // Steps that begin before `until`, each ending before the clock's
+        // last value (the one that would not is left to `advance`, which
+        // reports the overflow).
+        let max_steps = match (elapsed, until) {
+            (0, Some(at)) if at <= start => 0,
+            (0, _) => u64::MAX,
+            (e, until) => {
+                let before_until =
+                    until.map_or(u64::MAX, |at| at.saturating_sub(start).div_ceil(e));
+                before_until.min((super::NEVER - 1).saturating_sub(start) / e)
+            }
+        };
+        // Never past the next audit, which must see the pool as it is then.
+        let to_audit = self.audit_every.map_or(u64::MAX, |every| {
+            every - self.counters.scheduler_steps % every
+        });
+        let ran = self
+            .scheduler
+            .run_lone_decode(max_steps.min(to_audit), |id, position| {
+                Some(tokens::sampled_token(id.0, position + 1))
+            });
+        if ran == 0 {
+            return Ok(0);
+        }
+        // What `ran` calls of `step` would have counted, each the same.
+        let c = &mut self.counters;
+        let waiting = c.accepted.saturating_sub(c.exited + c.running);
+        c.max_waiting = c.max_waiting.max(waiting);
+        c.max_running = c.max_running.max(c.running);
+        c.scheduler_steps += ran;
+        c.steps += ran;
+        c.scheduled_requests += ran;
+        c.decode_tokens += ran;
+        c.output_tokens += ran;
+        c.busy = c.busy.saturating_add(elapsed.saturating_mul(ran));
+        self.now = start + elapsed * ran;
+        if let Some(kv) = &mut self.kv {
+            // Its blocks did not change: one look sees every step's peak.
+            kv.observe(&self.scheduler);
+        }
+        if self
+            .audit_every
+            .is_some_and(|every| self.counters.scheduler_steps.is_multiple_of(every))
+        {
+            self.scheduler.audit()?;
+        }
+        Ok(ran)
+    }
+}
