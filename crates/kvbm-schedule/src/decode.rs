@@ -87,6 +87,70 @@ impl<M> SchedulableSequence<M> {
         ))
     }
 
+    /// A decode step that needs no block, in one call:
+    /// [`schedule_decode`](Self::schedule_decode) then
+    /// [`apply_decode`](Self::apply_decode) of `token`, with the same
+    /// effects and history, when the tail token's slot lies in a held block
+    /// and computing its KV completes no block (nothing to allocate or
+    /// register, so no manager is needed). Returns whether it ran; if not,
+    /// nothing changed, and the pair (or the refusal it gives) is what to
+    /// use.
+    ///
+    /// A simulator steps most decodes this way (`kvbm-queue`'s
+    /// `Scheduler::run_lone_decode`): the pair's checks of the manager,
+    /// its allocation and registration passes are most of a decode's cost
+    /// and find nothing to do here.
+    ///
+    /// ```
+    /// # use kvbm_blocks::BlockManager;
+    /// # use kvbm_schedule::SchedulableSequence;
+    /// let manager = BlockManager::<()>::builder().block_count(8).block_size(4).build()?;
+    /// let mut seq = SchedulableSequence::<()>::new(vec![1, 2], 8, 4)?;
+    /// seq.schedule_prefill(2, &manager)?;
+    /// seq.apply_prefill(Some(3), &manager)?;
+    /// // Slot 2 is in the held block; computing it completes nothing.
+    /// assert!(seq.decode_within_blocks(4));
+    /// assert_eq!(seq.kv_position(), 3);
+    /// // Slot 3 completes the block: that step registers it.
+    /// assert!(!seq.decode_within_blocks(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decode_within_blocks(&mut self, token: u32) -> bool {
+        if self
+            .check_decode_preconditions("decode_within_blocks")
+            .is_err()
+        {
+            return false;
+        }
+        let kv_position = self.kv_position;
+        let next = kv_position.saturating_add(1);
+        let inner = &self.inner;
+        let assignments = inner.assignments();
+        if inner.additional_blocks_needed(inner.total_tokens()) != 0
+            || assignments.staged_count() != 0
+            || next / inner.block_size() > assignments.assigned_end()
+        {
+            return false;
+        }
+        // The budget was checked above: this cannot fail.
+        let Ok(filled) = self.inner.append_token(token) else {
+            return false;
+        };
+        self.record(SequenceEvent::DecodeScheduled {
+            kv_position,
+            blocks_allocated: 0,
+        });
+        self.kv_position = next;
+        trace!(kv_position = next, "decoded within its blocks");
+        self.record(SequenceEvent::DecodeApplied {
+            token,
+            kv_position: next,
+            blocks_registered: 0,
+            block_completed: filled.is_some(),
+        });
+        true
+    }
+
     /// What decode and speculative steps need: idle, prefill done, budget
     /// left, exactly one tail token.
     pub(crate) fn check_decode_preconditions(

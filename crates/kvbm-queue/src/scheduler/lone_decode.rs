@@ -69,14 +69,13 @@ impl<M> Scheduler<M> {
                 break;
             }
             let running = &mut self.running[0];
-            if !running.decodes_in_place() {
+            if !running.may_decode_in_place() {
                 break;
             }
-            let id = running.id();
-            let Some(token) = sample(id, running.seq.kv_position()) else {
+            let Some(token) = sample(running.id(), running.seq.kv_position()) else {
                 break;
             };
-            if !running.decode_in_place(token, &self.manager) {
+            if !running.decode_in_place(token) {
                 break;
             }
             // What the step's plan and apply count.

@@ -347,51 +347,30 @@ impl<M> Running<M> {
         });
     }
 
-    /// Whether this request's next decode step would only compute one
-    /// token's KV inside the blocks it holds: a single-group sequence whose
-    /// table the engine knows whole, idle with its prompt computed, whose
-    /// step allocates no block, registers none and does not end it (its
-    /// last token does). Such a step changes nothing but the sequence's
-    /// tokens and position; [`decode_in_place`](Self::decode_in_place) runs it.
-    pub(super) fn decodes_in_place(&self) -> bool {
+    /// Whether this request may decode in place
+    /// ([`decode_in_place`](Self::decode_in_place)): a single-group
+    /// sequence whose table the engine knows whole, with no step pending,
+    /// whose next token is not its last (that step finishes it).
+    pub(super) fn may_decode_in_place(&self) -> bool {
         let RequestKv::One(seq) = &self.seq else {
             return false;
         };
-        if self.work.is_some()
-            || self.resumed
-            || self.known_blocks != seq.held_blocks()
-            || seq.state() != SequenceState::Idle
-            || !seq.is_prefill_complete()
-        {
-            return false;
-        }
-        let inner = seq.inner();
-        let assignments = inner.assignments();
-        let registers_up_to = (seq.kv_position().saturating_add(1)) / inner.block_size().max(1);
-        inner.generated_tokens().saturating_add(1) < inner.max_output_tokens()
-            && inner.additional_blocks_needed(inner.total_tokens()) == 0
-            && assignments.staged_count() == 0
-            && registers_up_to <= assignments.assigned_end()
+        self.work.is_none()
+            && !self.resumed
+            && self.known_blocks == seq.held_blocks()
+            && seq.generated_tokens().saturating_add(1) < seq.max_output_tokens()
     }
 
-    /// Schedules and applies one decode step that
-    /// [`decodes_in_place`](Self::decodes_in_place), sampling `token`: the
-    /// calls on the sequence a `step` + `apply` pair makes for it. Whether
-    /// it ran; if not, nothing changed.
-    pub(super) fn decode_in_place(&mut self, token: u32, manager: &BlockManager<M>) -> bool {
-        let RequestKv::One(seq) = &mut self.seq else {
-            return false;
-        };
-        if seq.schedule_decode(manager).is_err() {
-            return false;
+    /// Runs its next decode step, sampling `token`, if that step only
+    /// computes one token's KV inside the blocks it holds
+    /// ([`SchedulableSequence::decode_within_blocks`]): the sequence's
+    /// part of a `step` + `apply` pair, with nothing for the plan to say.
+    /// Whether it ran; if not, nothing changed.
+    pub(super) fn decode_in_place(&mut self, token: u32) -> bool {
+        match &mut self.seq {
+            RequestKv::One(seq) => seq.decode_within_blocks(token),
+            RequestKv::Groups(_) => false,
         }
-        if seq.apply_decode(token, manager).is_err() {
-            // Only unapplied work is reverted, which always succeeds.
-            let reverted = seq.revert_schedule();
-            debug_assert!(reverted.is_ok(), "{} had a schedule to revert", self.id());
-            return false;
-        }
-        true
     }
 
     /// Applies the engine's output to the scheduled work; `Some` when the
