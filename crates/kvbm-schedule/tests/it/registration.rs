@@ -163,3 +163,52 @@ fn while_decoding_there_is_nothing_left_to_match() {
     }
     assert_eq!(seq.kv_position(), 11);
 }
+
+/// `decode_within_blocks` is the `schedule_decode` + `apply_decode` pair
+/// wherever it runs, and refuses, changing nothing, exactly where that pair
+/// allocates or registers: two sequences over two pools, one decoding in
+/// one call when it can, agree on tokens, positions, blocks, history and
+/// what each pool holds after every token.
+#[test]
+fn decoding_within_blocks_is_the_decode_pair_where_it_needs_no_block() {
+    for prompt_len in 1..=9u32 {
+        let (one, pair) = (manager(32), manager(32));
+        let (mut fast, mut slow) = (request(prompt_len, 21), request(prompt_len, 21));
+        for (seq, m) in [(&mut fast, &one), (&mut slow, &pair)] {
+            seq.schedule_prefill(prompt_len as usize, m).unwrap();
+            seq.apply_prefill(Some(500), m).unwrap();
+        }
+        let mut in_one_call = 0;
+        for token in 0..20u32 {
+            let (history, tokens) = (fast.history().len(), fast.tokens().len());
+            let slot = fast.kv_position();
+            // The pair allocates at a block's first slot and registers a
+            // block at its last; anything else is within the blocks held.
+            let needs_block = slot % BLOCK_SIZE == 0 || (slot + 1) % BLOCK_SIZE == 0;
+            if fast.decode_within_blocks(token) {
+                assert!(!needs_block, "slot {slot} of a {prompt_len}-token prompt");
+                in_one_call += 1;
+            } else {
+                assert!(needs_block, "slot {slot} of a {prompt_len}-token prompt");
+                assert_eq!(
+                    (fast.history().len(), fast.tokens().len()),
+                    (history, tokens)
+                );
+                fast.schedule_decode(&one).unwrap();
+                fast.apply_decode(token, &one).unwrap();
+            }
+            slow.schedule_decode(&pair).unwrap();
+            slow.apply_decode(token, &pair).unwrap();
+            assert_eq!(fast.tokens(), slow.tokens());
+            assert_eq!(fast.kv_position(), slow.kv_position());
+            assert_eq!(fast.state(), slow.state());
+            assert_eq!(fast.history(), slow.history());
+            assert_eq!(fast.held_blocks(), slow.held_blocks());
+            assert_eq!(matchable(&fast, &one), matchable(&slow, &pair));
+            assert_eq!(one.metrics(), pair.metrics());
+        }
+        assert!(in_one_call >= 8, "{in_one_call} of 20 in one call");
+        // The budget's last token is refused like any decode past it.
+        assert!(!fast.decode_within_blocks(0));
+    }
+}
