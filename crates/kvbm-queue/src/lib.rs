@@ -175,10 +175,10 @@ pub use layout::KvLayout;
 pub use queue::RequestQueue;
 pub use request::{Priority, Request};
 pub use scheduler::{
-    Census, DecodeWork, EngineOutput, FinishReason, Finished, GroupBlocks, InferenceRequest,
-    LinkCost, LoadCost, OnboardStats, PAD_SLOT, Preemption, PrefillWork, RequestId, RolledBack,
-    Scheduler, SchedulerConfig, StepPlan, StepReport, SubmitHandle, TiersConfig, describe_metrics,
-    metric_names,
+    Census, DecodeWork, DecodesInPlace, EngineOutput, FinishReason, Finished, GroupBlocks,
+    InferenceRequest, LinkCost, LoadCost, OnboardStats, PAD_SLOT, Preemption, PrefillWork,
+    RequestId, RolledBack, Scheduler, SchedulerConfig, StepPlan, StepReport, SubmitHandle,
+    TiersConfig, describe_metrics, metric_names,
 };
 pub use stats::QueueStats;
 

@@ -97,7 +97,7 @@ impl<M> SchedulableSequence<M> {
     /// use.
     ///
     /// A simulator steps most decodes this way (`kvbm-queue`'s
-    /// `Scheduler::run_lone_decode`): the pair's checks of the manager,
+    /// `Scheduler::run_decodes_in_place`): the pair's checks of the manager,
     /// its allocation and registration passes are most of a decode's cost
     /// and find nothing to do here.
     ///
@@ -116,22 +116,11 @@ impl<M> SchedulableSequence<M> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn decode_within_blocks(&mut self, token: u32) -> bool {
-        if self
-            .check_decode_preconditions("decode_within_blocks")
-            .is_err()
-        {
+        if !self.can_decode_within_blocks() {
             return false;
         }
         let kv_position = self.kv_position;
         let next = kv_position.saturating_add(1);
-        let inner = &self.inner;
-        let assignments = inner.assignments();
-        if inner.additional_blocks_needed(inner.total_tokens()) != 0
-            || assignments.staged_count() != 0
-            || next / inner.block_size() > assignments.assigned_end()
-        {
-            return false;
-        }
         // The budget was checked above: this cannot fail.
         let Ok(filled) = self.inner.append_token(token) else {
             return false;
@@ -149,6 +138,23 @@ impl<M> SchedulableSequence<M> {
             block_completed: filled.is_some(),
         });
         true
+    }
+
+    /// Whether [`decode_within_blocks`](Self::decode_within_blocks) would
+    /// run now: a decode may be scheduled, its slot lies in a held block,
+    /// and computing it completes no block. Changes nothing.
+    pub fn can_decode_within_blocks(&self) -> bool {
+        if self
+            .check_decode_preconditions("decode_within_blocks")
+            .is_err()
+        {
+            return false;
+        }
+        let inner = &self.inner;
+        let assignments = inner.assignments();
+        inner.additional_blocks_needed(inner.total_tokens()) == 0
+            && assignments.staged_count() == 0
+            && self.kv_position.saturating_add(1) / inner.block_size() <= assignments.assigned_end()
     }
 
     /// What decode and speculative steps need: idle, prefill done, budget

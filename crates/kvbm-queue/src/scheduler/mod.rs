@@ -5,9 +5,9 @@ mod admission;
 mod apply;
 mod census;
 mod config;
+mod in_place;
 mod kv;
 mod live;
-mod lone_decode;
 mod lookups;
 mod onboard;
 mod plan;
@@ -28,6 +28,7 @@ use kvbm_tiers::Tiers;
 
 pub use self::census::Census;
 pub use self::config::{Preemption, SchedulerConfig};
+pub use self::in_place::DecodesInPlace;
 use self::kv::RequestKv;
 use self::live::LiveIds;
 pub use self::live::SubmitHandle;

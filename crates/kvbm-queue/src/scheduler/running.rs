@@ -347,11 +347,19 @@ impl<M> Running<M> {
         });
     }
 
-    /// Whether this request may decode in place
-    /// ([`decode_in_place`](Self::decode_in_place)): a single-group
-    /// sequence whose table the engine knows whole, with no step pending,
-    /// whose next token is not its last (that step finishes it).
+    /// Whether its next step may run in place
+    /// ([`decode_in_place`](Self::decode_in_place)): a decode that needs
+    /// no block ([`SchedulableSequence::can_decode_within_blocks`]) of a
+    /// request [`in_place_allowed`](Self::in_place_allowed).
     pub(super) fn may_decode_in_place(&self) -> bool {
+        self.in_place_allowed() && self.seq.lead().can_decode_within_blocks()
+    }
+
+    /// What in-place decoding asks of the request itself, its blocks
+    /// aside: a single-group sequence whose table the engine knows whole,
+    /// with no step pending, whose next token is not its last (that step
+    /// finishes it).
+    pub(super) fn in_place_allowed(&self) -> bool {
         let RequestKv::One(seq) = &self.seq else {
             return false;
         };

@@ -17,11 +17,11 @@ mod fuzz;
 mod groups;
 mod hashed;
 #[cfg(not(kvbm_loom))]
+mod in_place;
+#[cfg(not(kvbm_loom))]
 mod kernels;
 #[cfg(not(kvbm_loom))]
 mod liveness;
-#[cfg(not(kvbm_loom))]
-mod lone_decode;
 mod model;
 #[cfg(not(kvbm_loom))]
 mod priority;

@@ -795,8 +795,8 @@ impl Engine<'_> {
             if until.is_some_and(|at| self.sim.now() >= at) {
                 break;
             }
-            // A lone decode's steps before `until` at once (same results;
-            // they send no event and leave the load as it was).
+            // Steps before `until` that only decode within blocks, at once
+            // (same results; they send no event and leave the load as is).
             if self.sim.advance_in_place(until)? > 0 {
                 continue;
             }

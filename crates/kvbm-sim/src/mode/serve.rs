@@ -291,7 +291,7 @@ pub(crate) struct ServeSim<'a> {
     eviction: Eviction,
     step_time: StepTime,
     audit_every: Option<u64>,
-    /// Whether lone decodes run in place ([`ServeConfig`]'s `in_place`).
+    /// Whether decodes run in place ([`ServeConfig`]'s `in_place`).
     in_place: bool,
     spec_accept: f64,
     seed: u64,
@@ -608,8 +608,8 @@ impl<'a> ServeSim<'a> {
                     None => break,
                 }
             }
-            // Steps before the next arrival that only decode one request
-            // run at once, with the same results.
+            // Steps before the next arrival that only decode the running
+            // requests within their blocks run at once, same results.
             if self.advance_in_place(self.next_arrival_time())? > 0 {
                 continue;
             }

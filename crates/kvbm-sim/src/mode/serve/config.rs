@@ -55,8 +55,8 @@ pub struct ServeConfig {
     /// [`ServeReport::kv`]. It does not work with tiers or speculative
     /// decoding yet ([`validate`](Self::validate) refuses them).
     pub kv: Option<KvSetup>,
-    /// Whether a lone request's decodes run in place
-    /// ([`Scheduler::run_lone_decode`]); the results are the same either
+    /// Whether decodes run in place
+    /// ([`Scheduler::run_decodes_in_place`]); the results are the same either
     /// way, which the tests check by turning it off.
     pub(crate) in_place: bool,
 }

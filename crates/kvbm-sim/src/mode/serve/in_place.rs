@@ -1,24 +1,25 @@
-//! Lone decodes in place: the steps of an engine whose one running request
-//! decodes inside the blocks it holds, simulated at once
-//! ([`Scheduler::run_lone_decode`](kvbm_queue::Scheduler::run_lone_decode))
+//! Decodes in place: the steps of an engine whose running requests all
+//! decode inside the blocks they hold, simulated at once
+//! ([`Scheduler::run_decodes_in_place`](kvbm_queue::Scheduler::run_decodes_in_place))
 //! with the bookkeeping of as many [`ServeSim::advance`] calls.
 //!
 //! An engine behind a router spends most of its steps this way (a request
-//! generating alone between arrivals), and the plan, report and counters
-//! of each such step cost many times its decode. Every report stays the
-//! same: each such step would plan one decode with no table update, send
-//! no cache event, admit, preempt and finish nobody, and take the same
-//! time, so its counters add up in closed form.
+//! or two generating between arrivals), and the plan, report and counters
+//! of each such step cost many times its decodes. Every report stays the
+//! same: each such step would plan one decode per running request with no
+//! table update, send no cache event, admit, preempt and finish nobody,
+//! and take the same time as the others, so its counters add up in closed
+//! form.
 
 use super::{ServeSim, tokens};
 use crate::SimError;
 
 impl ServeSim<'_> {
     /// Runs in place the steps that begin before `until` (any, for `None`)
-    /// while each is a lone decode in place, auditing where
-    /// [`advance`](Self::advance) would; returns how many ran (0 when the
-    /// next step is not one, or the engine has transfers, which steps
-    /// start and end).
+    /// while each only decodes every running request inside its blocks,
+    /// auditing where [`advance`](Self::advance) would; returns how many
+    /// ran (0 when the next step is not one, or the engine has transfers,
+    /// which steps start and end).
     ///
     /// # Errors
     ///
@@ -27,8 +28,9 @@ impl ServeSim<'_> {
         if !self.in_place || self.transfers.is_some() {
             return Ok(0);
         }
-        // A plain decode of one request: what `step` charges it.
-        let elapsed = self.step_time.step_nanos(0, 1);
+        // Plain decodes of the running requests: what `step` charges them.
+        let running = self.scheduler.running_ids().count() as u64;
+        let elapsed = self.step_time.step_nanos(0, running);
         let start = self.now;
         // Steps that begin before `until`, each ending before the clock's
         // last value (the one that would not is left to `advance`, which
@@ -48,24 +50,28 @@ impl ServeSim<'_> {
         });
         let ran = self
             .scheduler
-            .run_lone_decode(max_steps.min(to_audit), |id, position| {
+            .run_decodes_in_place(max_steps.min(to_audit), |id, position| {
                 Some(tokens::sampled_token(id.0, position + 1))
             });
-        if ran == 0 {
+        if ran.steps == 0 {
             return Ok(0);
         }
-        // What `ran` calls of `step` would have counted, each the same.
+        // Every running request decoded in each step (as timed above).
+        let (steps, decodes) = (ran.steps, ran.requests as u64);
+        debug_assert_eq!(decodes, running);
+        // What `steps` calls of `step` would have counted, each the same.
         let c = &mut self.counters;
         let waiting = c.accepted.saturating_sub(c.exited + c.running);
         c.max_waiting = c.max_waiting.max(waiting);
         c.max_running = c.max_running.max(c.running);
-        c.scheduler_steps += ran;
-        c.steps += ran;
-        c.scheduled_requests += ran;
-        c.decode_tokens += ran;
-        c.output_tokens += ran;
-        c.busy = c.busy.saturating_add(elapsed.saturating_mul(ran));
-        self.now = start + elapsed * ran;
+        c.scheduler_steps += steps;
+        c.steps += steps;
+        let tokens = steps.saturating_mul(decodes);
+        c.scheduled_requests += tokens;
+        c.decode_tokens += tokens;
+        c.output_tokens += tokens;
+        c.busy = c.busy.saturating_add(elapsed.saturating_mul(steps));
+        self.now = start + elapsed * steps;
         if let Some(kv) = &mut self.kv {
             // Its blocks did not change: one look sees every step's peak.
             kv.observe(&self.scheduler);
@@ -76,6 +82,6 @@ impl ServeSim<'_> {
         {
             self.scheduler.audit()?;
         }
-        Ok(ran)
+        Ok(steps)
     }
 }

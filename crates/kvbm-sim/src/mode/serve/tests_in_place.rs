@@ -1,4 +1,4 @@
-//! Lone decodes in place change no result: serve and cluster replays with
+//! Decodes in place change no result: serve and cluster replays with
 //! them and without them ([`ServeConfig`]'s `in_place`) give the same
 //! reports, wall-clock times aside (the instructions they save are measured
 //! on the trace; `kvbm-queue`'s tests check that the scheduler runs them).

@@ -1,11 +1,11 @@
-//! `Scheduler::run_lone_decode` against the steps it stands for: two
+//! `Scheduler::run_decodes_in_place` against the steps it stands for: two
 //! schedulers run the same random workload, one only through `step` +
-//! `apply`, the other running lone decodes in place wherever it can. After
-//! each run in place the first runs as many steps, each of which must be
-//! that run's kind (one decode, no table update, nothing reported but its
-//! token); then both must agree on everything observable: census, tokens,
-//! block tables, cache events, metrics of the pool, and the next plan and
-//! report, step numbers included.
+//! `apply`, the other running decodes in place wherever it can. After each
+//! run in place the first runs as many steps, each of which must be that
+//! run's kind (a decode of every running request, no table update, nothing
+//! reported but their tokens); then both must agree on everything
+//! observable: census, tokens, block tables, cache events, metrics of the
+//! pool, and the next plan and report, step numbers included.
 
 use kvbm_blocks::EventSubscription;
 use kvbm_queue::{
@@ -143,27 +143,28 @@ fn run_both(w: &Workload) -> Result<u64, TestCaseError> {
             .min();
         let cap = w.caps[round % w.caps.len()]
             .min(next_arrival.map_or(u64::MAX, |at| at.saturating_sub(now)));
-        let ran = fused.run_lone_decode(cap, |id, position| {
+        let ran = fused.run_decodes_in_place(cap, |id, position| {
             (w.stops >> (position % 64) & 1 == 0 || position % 5 != 0).then(|| token(id, position))
         });
-        prop_assert!(ran <= cap);
-        for _ in 0..ran {
+        prop_assert!(ran.steps <= cap);
+        for _ in 0..ran.steps {
             let plan = plain
                 .step()
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert!(plan.prefill.is_empty() && plan.preempted.is_empty());
             prop_assert!(plan.finished.is_empty() && plan.transfers.is_empty());
-            prop_assert_eq!(plan.decode.len(), 1);
-            let decode = &plan.decode[0];
-            prop_assert!(!decode.resumed && decode.new_blocks.is_empty());
-            prop_assert_eq!(decode.draft_tokens, 0);
+            prop_assert_eq!(plan.decode.len(), ran.requests);
+            for decode in &plan.decode {
+                prop_assert!(!decode.resumed && decode.new_blocks.is_empty());
+                prop_assert_eq!(decode.draft_tokens, 0);
+            }
             let report = (plain.apply(&outputs(&plan, w.stops)))
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert!(report.finished.is_empty() && report.first_tokens.is_empty());
-            prop_assert_eq!(report.generated_tokens, 1);
+            prop_assert_eq!(report.generated_tokens, ran.requests);
         }
-        in_place += ran;
-        now += ran;
+        in_place += ran.steps;
+        now += ran.steps;
         prop_assert_eq!(
             observe(&plain, &plain_events, w.arrivals.len()),
             observe(&fused, &fused_events, w.arrivals.len())
@@ -193,14 +194,14 @@ fn run_both(w: &Workload) -> Result<u64, TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(fuzz_cases(96)))]
 
-    /// Running lone decodes in place changes nothing a caller can see.
+    /// Running decodes in place changes nothing a caller can see.
     #[test]
-    fn fuzz_lone_decodes_in_place_match_their_steps(w in workload()) {
+    fn fuzz_decodes_in_place_match_their_steps(w in workload()) {
         run_both(&w)?;
     }
 }
 
-/// A long lone decode runs in place between its block boundaries: 64
+/// A lone request's decodes run in place between its block boundaries: 64
 /// tokens of a 3-token prompt in 4-token blocks take the prompt's step,
 /// then runs of at most 3 in place, each ended by the step that
 /// registers or allocates a block, and the last token's step.
@@ -212,7 +213,8 @@ fn a_lone_request_decodes_in_place_between_block_boundaries() {
     let mut in_place = 0;
     let mut steps = 0;
     let finished = loop {
-        in_place += s.run_lone_decode(u64::MAX, |id, position| Some(token(id, position)));
+        in_place +=
+            (s.run_decodes_in_place(u64::MAX, |id, position| Some(token(id, position)))).steps;
         let plan = s.step().unwrap();
         steps += 1;
         let report = s.apply(&outputs(&plan, 0)).unwrap();
@@ -230,17 +232,19 @@ fn a_lone_request_decodes_in_place_between_block_boundaries() {
     assert!(in_place >= 28, "{in_place} of 63 decodes in place");
 }
 
-/// Nothing runs in place, and nothing changes, unless a lone request
-/// decodes: two running, one waiting, a pending step, a cancellation,
-/// speculative decoding, or an engine that would stop.
+/// Nothing runs in place, and nothing changes, unless every running
+/// request decodes within its blocks: one waiting, a pending step, a
+/// cancellation, speculative decoding, an engine that would stop, or one
+/// request whose slot completes a block stops it; two requests mid-block
+/// run together.
 #[test]
-fn nothing_runs_in_place_unless_a_lone_request_decodes() {
-    let decode_ready = |config: SchedulerConfig, prompts: &[u64]| {
+fn nothing_runs_in_place_unless_every_request_decodes_within_its_blocks() {
+    let decode_ready = |config: SchedulerConfig, prompts: &[(u64, usize)]| {
         let mut s = scheduler(64, config);
-        for &id in prompts {
+        for &(id, len) in prompts {
             s.submit(InferenceRequest::new(
                 RequestId(id),
-                vec![1, 2, 3, 4, 5],
+                vec![id as u32; len],
                 40,
             ))
             .unwrap();
@@ -250,36 +254,44 @@ fn nothing_runs_in_place_unless_a_lone_request_decodes() {
         s
     };
     let any = |_: RequestId, position: usize| Some(position as u32);
+    let steps = |s: &mut Scheduler<Gpu>, max: u64| s.run_decodes_in_place(max, any).steps;
+
+    // Two 5-token prompts in 4-token blocks: slots 5 and 6 of both decode
+    // in place together; slot 7 completes their second blocks.
     let two = SchedulerConfig::default();
-    let mut s = decode_ready(two, &[1, 2]);
-    assert_eq!(s.run_lone_decode(10, any), 0, "two running");
+    let mut s = decode_ready(two, &[(1, 5), (2, 5)]);
+    let ran = s.run_decodes_in_place(10, any);
+    assert_eq!((ran.steps, ran.requests), (2, 2), "two mid-block");
+    // A 7-token prompt's slot 7 completes its block at once.
+    let mut s = decode_ready(two, &[(1, 5), (2, 7)]);
+    assert_eq!(steps(&mut s, 10), 0, "one at a block's end");
 
     let one = SchedulerConfig::default().with_max_running(1);
-    let mut s = decode_ready(one, &[1, 2]);
-    assert_eq!(s.run_lone_decode(10, any), 0, "one waiting");
+    let mut s = decode_ready(one, &[(1, 5), (2, 5)]);
+    assert_eq!(steps(&mut s, 10), 0, "one waiting");
 
-    let mut s = decode_ready(one, &[1]);
+    let mut s = decode_ready(one, &[(1, 5)]);
     let census = s.census();
     let _plan = s.step().unwrap();
-    assert_eq!(s.run_lone_decode(10, any), 0, "a step pending");
+    assert_eq!(steps(&mut s, 10), 0, "a step pending");
     assert_eq!(s.census(), census);
 
-    let mut s = decode_ready(one, &[1]);
+    let mut s = decode_ready(one, &[(1, 5)]);
     assert!(s.cancel(RequestId(1)));
-    assert_eq!(s.run_lone_decode(10, any), 0, "cancelled");
+    assert_eq!(steps(&mut s, 10), 0, "cancelled");
 
     let spec = SchedulerConfig::default().with_speculative_tokens(2);
-    let mut s = decode_ready(spec, &[1]);
-    assert_eq!(s.run_lone_decode(10, any), 0, "speculative decoding");
+    let mut s = decode_ready(spec, &[(1, 5)]);
+    assert_eq!(steps(&mut s, 10), 0, "speculative decoding");
 
-    let mut s = decode_ready(one, &[1]);
+    let mut s = decode_ready(one, &[(1, 5)]);
     let tokens = s.tokens(RequestId(1)).unwrap().to_vec();
-    assert_eq!(s.run_lone_decode(10, |_, _| None), 0, "the engine stops");
-    assert_eq!(s.tokens(RequestId(1)).unwrap(), tokens);
-    assert_eq!(s.run_lone_decode(0, any), 0, "no steps asked for");
     assert_eq!(
-        s.run_lone_decode(10, any),
-        2,
-        "slots 5 and 6, then 7 registers"
+        s.run_decodes_in_place(10, |_, _| None).steps,
+        0,
+        "the engine stops"
     );
+    assert_eq!(s.tokens(RequestId(1)).unwrap(), tokens);
+    assert_eq!(steps(&mut s, 0), 0, "no steps asked for");
+    assert_eq!(steps(&mut s, 10), 2, "slots 5 and 6, then 7 registers");
 }
