@@ -75,6 +75,10 @@ impl<M> Scheduler<M> {
             || !self.onboarding.is_empty()
             || self.config.speculative_tokens > 0
             || requests == 0
+            // A step decodes as many requests as its budget has tokens.
+            // (Admission never runs more than that, each taking a token,
+            // but the step's rule is what this stands for.)
+            || requests > self.config.token_budget
         {
             return ran;
         }
