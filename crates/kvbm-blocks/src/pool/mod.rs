@@ -212,24 +212,34 @@ fn match_into(
     out.reserve(hashes.len());
     let tracks_hits = inactive.tracks_hits();
     for hash in hashes {
-        let Some(id) = registry.get(hash.value(), |id| slots[id.index()].value()) else {
+        let Some(id) = registered_in(registry, slots, hash.value()) else {
             break;
         };
         if tracks_hits {
             inactive.on_hit(*hash);
         }
-        let slot = &mut slots[id.index()];
-        if slot.refs == 0 {
-            inactive.remove(id);
-        }
-        slot.refs = slot.refs.saturating_add(1);
-        out.push(BlockInfo::from_raw(
-            id,
-            slot.epoch(),
-            slot.value,
-            slot.position,
-        ));
+        out.push(acquire_in(slots, inactive, id));
     }
+}
+
+/// The block `registry` has under a chained hash value (keys read from
+/// `slots`).
+#[inline]
+fn registered_in(registry: &Registry, slots: &[Slot], value: u128) -> Option<BlockId> {
+    registry.get(value, |id| slots[id.index()].value())
+}
+
+/// Takes a reference to the registered block `id`, reviving it from the
+/// cache.
+#[inline]
+fn acquire_in(slots: &mut [Slot], inactive: &mut InactivePool, id: BlockId) -> BlockInfo {
+    let slot = &mut slots[id.index()];
+    if slot.refs == 0 {
+        inactive.remove(id);
+    }
+    slot.refs = slot.refs.saturating_add(1);
+    // Built from the slot's fields: the parent is not needed.
+    BlockInfo::from_raw(id, slot.epoch(), slot.value, slot.position)
 }
 
 /// The state behind the mutex. Every method runs with the lock held.
@@ -463,13 +473,7 @@ impl PoolState {
     /// Takes a reference to a registered block, reviving it from the cache.
     #[inline]
     fn acquire(&mut self, id: BlockId) -> BlockInfo {
-        let slot = &mut self.slots[id.index()];
-        if slot.refs == 0 {
-            self.inactive.remove(id);
-        }
-        slot.refs = slot.refs.saturating_add(1);
-        // Built from the slot's fields: the parent is not needed.
-        BlockInfo::from_raw(id, slot.epoch(), slot.value, slot.position)
+        acquire_in(&mut self.slots, &mut self.inactive, id)
     }
 
     /// Appends the longest registered prefix of `hashes` to `out`, taking a
@@ -490,8 +494,7 @@ impl PoolState {
     /// The block registered under a chained hash value.
     #[inline]
     fn registered(&self, value: u128) -> Option<BlockId> {
-        let slots = &self.slots;
-        self.registry.get(value, |id| slots[id.index()].value())
+        registered_in(&self.registry, &self.slots, value)
     }
 
     /// Whether `hash` is registered (held or cached).
