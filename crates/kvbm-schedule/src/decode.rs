@@ -150,11 +150,10 @@ impl<M> SchedulableSequence<M> {
         {
             return false;
         }
-        let inner = &self.inner;
-        let assignments = inner.assignments();
-        inner.additional_blocks_needed(inner.total_tokens()) == 0
-            && assignments.staged_count() == 0
-            && self.kv_position.saturating_add(1) / inner.block_size() <= assignments.assigned_end()
+        self.inner
+            .additional_blocks_needed(self.inner.total_tokens())
+            == 0
+            && self.registers_nothing_at(self.kv_position.saturating_add(1))
     }
 
     /// What decode and speculative steps need: idle, prefill done, budget

@@ -371,14 +371,22 @@ impl<M> SchedulableSequence<M> {
         kv_position: usize,
         manager: &BlockManager<M>,
     ) -> Result<usize, SequenceError> {
-        let num_blocks = kv_position / self.inner.block_size();
-        let assignments = self.inner.assignments();
-        if num_blocks <= assignments.assigned_end() && assignments.staged_count() == 0 {
+        if self.registers_nothing_at(kv_position) {
             // Nothing newly computed to publish: most decode steps. Every
             // caller checked the manager already.
             return Ok(0);
         }
-        self.inner.complete_and_register_up_to(num_blocks, manager)
+        self.inner
+            .complete_and_register_up_to(kv_position / self.inner.block_size(), manager)
+    }
+
+    /// Whether [`register_computed`](Self::register_computed) at
+    /// `kv_position` would register nothing: every block it covers is
+    /// registered already and none waits staged.
+    pub(crate) fn registers_nothing_at(&self, kv_position: usize) -> bool {
+        let assignments = self.inner.assignments();
+        kv_position / self.inner.block_size() <= assignments.assigned_end()
+            && assignments.staged_count() == 0
     }
 }
 
