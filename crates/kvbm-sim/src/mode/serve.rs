@@ -352,6 +352,27 @@ struct Counters {
     stall: u64,
 }
 
+impl Counters {
+    /// `steps` scheduler steps begin, each finding the queue as it is now
+    /// (more than one only when nothing in them changes it).
+    fn steps_begin(&mut self, steps: u64) {
+        self.scheduler_steps += steps;
+        let waiting = self.accepted.saturating_sub(self.exited + self.running);
+        self.max_waiting = self.max_waiting.max(waiting);
+    }
+
+    /// `steps` steps ran: `scheduled` request-steps, `prefill_tokens`
+    /// prefilled and `decodes` decoded in all, over `busy` nanoseconds.
+    fn ran(&mut self, steps: u64, scheduled: u64, prefill_tokens: u64, decodes: u64, busy: u64) {
+        self.steps += steps;
+        self.scheduled_requests += scheduled;
+        self.busy = self.busy.saturating_add(busy);
+        self.prefill_tokens += prefill_tokens;
+        self.decode_tokens += decodes;
+        self.max_running = self.max_running.max(self.running);
+    }
+}
+
 impl<'a> ServeSim<'a> {
     /// Serve mode's engine: the trace's requests arrive at their
     /// timestamps.
@@ -751,14 +772,9 @@ impl<'a> ServeSim<'a> {
     /// Runs one planned step through the stand-in engine and applies it.
     /// Returns whether anything ran or changed.
     fn step(&mut self, plan: &StepPlan) -> Result<bool, SimError> {
-        self.counters.scheduler_steps += 1;
-        let start = self.now;
         // The queue as this step's admission found it.
-        let waiting = self
-            .counters
-            .accepted
-            .saturating_sub(self.counters.exited + self.counters.running);
-        self.counters.max_waiting = self.counters.max_waiting.max(waiting);
+        self.counters.steps_begin(1);
+        let start = self.now;
         for &id in &plan.preempted {
             if let Some(track) = self.tracks.get_mut(id.0 as usize) {
                 track.running = false;
@@ -862,12 +878,8 @@ impl<'a> ServeSim<'a> {
         };
         let ran = !plan.is_empty();
         if ran {
-            self.counters.steps += 1;
-            self.counters.scheduled_requests += (plan.prefill.len() + plan.decode.len()) as u64;
-            self.counters.busy = self.counters.busy.saturating_add(elapsed);
-            self.counters.prefill_tokens += prefill_tokens;
-            self.counters.decode_tokens += decodes;
-            self.counters.max_running = self.counters.max_running.max(self.counters.running);
+            let scheduled = (plan.prefill.len() + plan.decode.len()) as u64;
+            (self.counters).ran(1, scheduled, prefill_tokens, decodes, elapsed);
         }
         self.now = end;
         if let Some(transfers) = &mut self.transfers {

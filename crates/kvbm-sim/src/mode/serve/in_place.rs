@@ -60,17 +60,10 @@ impl ServeSim<'_> {
         let (steps, decodes) = (ran.steps, ran.requests as u64);
         debug_assert_eq!(decodes, running);
         // What `steps` calls of `step` would have counted, each the same.
-        let c = &mut self.counters;
-        let waiting = c.accepted.saturating_sub(c.exited + c.running);
-        c.max_waiting = c.max_waiting.max(waiting);
-        c.max_running = c.max_running.max(c.running);
-        c.scheduler_steps += steps;
-        c.steps += steps;
         let tokens = steps.saturating_mul(decodes);
-        c.scheduled_requests += tokens;
-        c.decode_tokens += tokens;
-        c.output_tokens += tokens;
-        c.busy = c.busy.saturating_add(elapsed.saturating_mul(steps));
+        self.counters.steps_begin(steps);
+        (self.counters).ran(steps, tokens, 0, tokens, elapsed.saturating_mul(steps));
+        self.counters.output_tokens += tokens;
         self.now = start + elapsed * steps;
         if let Some(kv) = &mut self.kv {
             // Its blocks did not change: one look sees every step's peak.
