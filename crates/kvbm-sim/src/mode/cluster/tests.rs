@@ -226,6 +226,35 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Any small trace, engine count, policy, pool (tight ones preempt and
+    /// evict) and audit schedule: the cluster replays the same with
+    /// decodes in place (`ServeConfig`'s `in_place`) as without.
+    #[test]
+    fn cluster_replays_are_the_same_with_decodes_in_place(
+        requests in prop::collection::vec(arbitrary_request(), 1..24),
+        engines in 1usize..4,
+        capacity in 40u64..600,
+        block_size in prop::sample::select(vec![16usize, 64]),
+        audit in prop::sample::select(vec![0u64, 1, 5]),
+        policy in prop::sample::select(PolicyKind::ALL.to_vec()),
+    ) {
+        let trace = Trace::from_requests(requests).unwrap();
+        let engine = ServeConfig::new(block_size, Capacity::Blocks(capacity))
+            .with_audit_every(audit);
+        let run = |in_place: bool| {
+            let engine = ServeConfig { in_place, ..engine };
+            let config = ClusterConfig::new(engines, engine)
+                .with_policies(vec![policy])
+                .with_threads(Some(1));
+            timeless(replay(&trace, &config).unwrap())
+        };
+        prop_assert_eq!(run(false), run(true));
+    }
+}
+
 #[test]
 fn the_table_counts_every_request_and_the_refused_ones() {
     // 100-block pools refuse the excerpt's long prompts as too large.

@@ -1,17 +1,16 @@
-//! Decodes in place change no result: serve and cluster replays with
-//! them and without them ([`ServeConfig`]'s `in_place`) give the same
-//! reports, wall-clock times aside (the instructions they save are measured
-//! on the trace; `kvbm-queue`'s tests check that the scheduler runs them).
+//! Decodes in place change no result: serve replays with them and without
+//! them ([`ServeConfig`]'s `in_place`) give the same reports, wall-clock
+//! times aside (the cluster's property is in `cluster/tests.rs`; the
+//! instructions they save are measured on the trace; `kvbm-queue`'s tests
+//! check that the scheduler runs them).
 
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use kvbm_queue::{GenerationReserve, Preemption, SchedulerConfig};
-use proptest::prelude::*;
 
 use super::*;
-use crate::mode::cluster::{ClusterConfig, PolicyKind, replay as cluster_replay};
-use crate::{Capacity, TraceRequest};
+use crate::Capacity;
 
 fn excerpt(requests: usize) -> Trace {
     let mut trace = Trace::conversation_excerpt().unwrap();
@@ -65,56 +64,5 @@ fn serve_replays_are_the_same_with_decodes_in_place() {
         let (plain, in_place) = both(&trace, &config);
         assert_eq!(plain, in_place, "{config:?}");
         assert!(plain.census.is_balanced());
-    }
-}
-
-fn arbitrary_request() -> impl Strategy<Value = TraceRequest> {
-    (
-        0u64..3_000,
-        prop::collection::vec(0u64..10, 1..5),
-        1u64..=512,
-        0u64..90,
-    )
-        .prop_map(
-            |(timestamp, hash_ids, last_block, output_length)| TraceRequest {
-                timestamp,
-                input_length: (hash_ids.len() as u64 - 1) * 512 + last_block,
-                output_length,
-                hash_ids,
-                priority: None,
-            },
-        )
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
-
-    /// Any small trace, engine count, policy, pool (tight ones preempt and
-    /// evict) and audit schedule: the cluster replays the same with
-    /// decodes in place as without.
-    #[test]
-    fn cluster_replays_are_the_same_with_decodes_in_place(
-        requests in prop::collection::vec(arbitrary_request(), 1..24),
-        engines in 1usize..4,
-        capacity in 40u64..600,
-        block_size in prop::sample::select(vec![16usize, 64]),
-        audit in prop::sample::select(vec![0u64, 1, 5]),
-        policy in prop::sample::select(PolicyKind::ALL.to_vec()),
-    ) {
-        let trace = Trace::from_requests(requests).unwrap();
-        let engine = ServeConfig::new(block_size, Capacity::Blocks(capacity))
-            .with_audit_every(audit);
-        let run = |in_place: bool| {
-            let engine = ServeConfig { in_place, ..engine };
-            let config = ClusterConfig::new(engines, engine)
-                .with_policies(vec![policy])
-                .with_threads(Some(1));
-            let mut report = cluster_replay(&trace, &config).unwrap();
-            for run in &mut report.runs {
-                run.replay_time = Duration::ZERO;
-            }
-            report
-        };
-        prop_assert_eq!(run(false), run(true));
     }
 }
