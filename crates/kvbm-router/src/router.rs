@@ -7,15 +7,16 @@
 //! writer), and releases them before calling out (a [`Policy`] runs with
 //! none held):
 //!
-//! 1. `order`, the live workers: written for a worker's whole addition or
-//!    removal (list, map entry and index set together), read by
-//!    [`Router::candidates`], [`Router::workers`] and [`Router::audit`];
+//! 1. `order`, the live workers and their loads (a [`Roster`]): written
+//!    for a worker's whole addition or removal (list, map entry and index
+//!    set together), read by [`Router::candidates`], [`Router::set_load`],
+//!    [`Router::workers`] and [`Router::audit`]; a worker's load cell in it
+//!    is a leaf, locked under the read lock only;
 //! 2. a shard of the `workers` map: read (a `Ref`) for the whole of one
 //!    event or message, so a removal, which write-locks it, waits for the
 //!    events being applied and no later one finds the worker;
 //! 3. the worker's `tally` (its counters), held across the index update
 //!    it counts, so counters and index agree whenever a reader can look;
-//!    or its `load` (a leaf);
 //! 4. the index's worker table (read by events and lookups, written for
 //!    O(1) work by a worker's addition, removal or clear), then one of its
 //!    key shards at a time (in [`PrefixIndex`]); the media table's append
@@ -35,6 +36,7 @@
 //! and events racing) on this code.
 
 mod audit;
+mod roster;
 
 use kvbm_blocks::{CacheEvent, EventMessage};
 use kvbm_events::{KvEvent, KvEventBatch, WireFormat};
@@ -47,6 +49,7 @@ use crate::sync::{
 use crate::{Candidate, Policy, PrefixIndex, RouteRequest, RouterError, block_key};
 
 pub use audit::RouterAudit;
+use roster::Roster;
 
 /// A worker's identity (an engine, or one data-parallel rank of one).
 pub type WorkerId = u64;
@@ -115,15 +118,14 @@ pub struct Decision {
 }
 
 /// What the router keeps per worker besides its blocks (which are in the
-/// index).
+/// index) and its load (in the [`Roster`]).
 ///
-/// Behind the workers map's *read* lock, each under its own lock: one
-/// worker's events never wait for another's that happens to share a shard
-/// of the map, and a departure (the map's write lock) waits for the events
-/// being applied.
+/// Behind the workers map's *read* lock, under its own lock: one worker's
+/// events never wait for another's that happens to share a shard of the
+/// map, and a departure (the map's write lock) waits for the events being
+/// applied.
 #[derive(Debug, Default)]
 struct Worker {
-    load: Mutex<WorkerLoad>,
     tally: Mutex<Tally>,
 }
 
@@ -174,8 +176,9 @@ fn wire_settings(format: &WireFormat) -> (u32, Option<String>) {
 pub struct Router {
     index: PrefixIndex,
     workers: WorkerMap<Worker>,
-    /// Live workers, sorted: the order candidates are offered in.
-    order: RwLock<Vec<WorkerId>>,
+    /// Live workers, sorted (the order candidates are offered in), with
+    /// their loads.
+    order: RwLock<Roster>,
     /// Tokens per block, plus one; 0 until set or fixed by the first
     /// accepted `BlockStored`, then never changed.
     block_size: AtomicU64,
@@ -197,7 +200,7 @@ impl Router {
         Self {
             index: PrefixIndex::new(),
             workers: WorkerMap::new(),
-            order: RwLock::new(Vec::new()),
+            order: RwLock::new(Roster::default()),
             block_size: AtomicU64::new(0),
             medium_weights: Vec::new(),
         }
@@ -249,11 +252,11 @@ impl Router {
             .and_then(|size| u32::try_from(size).ok())
     }
 
-    fn order_read(&self) -> RwLockReadGuard<'_, Vec<WorkerId>> {
+    fn order_read(&self) -> RwLockReadGuard<'_, Roster> {
         read(&self.order)
     }
 
-    fn order_write(&self) -> RwLockWriteGuard<'_, Vec<WorkerId>> {
+    fn order_write(&self) -> RwLockWriteGuard<'_, Roster> {
         write(&self.order)
     }
 
@@ -264,7 +267,7 @@ impl Router {
     /// [`RouterError::DuplicateWorker`] if it is already routed to.
     pub fn add_worker(&self, worker: WorkerId) -> Result<(), RouterError> {
         let mut order = self.order_write();
-        let Err(at) = order.binary_search(&worker) else {
+        let Err(at) = order.find(worker) else {
             return Err(RouterError::DuplicateWorker(worker));
         };
         // Its set before its map entry: events find the entry, then the set.
@@ -284,7 +287,7 @@ impl Router {
     /// [`RouterError::UnknownWorker`].
     pub fn remove_worker(&self, worker: WorkerId) -> Result<(), RouterError> {
         let mut order = self.order_write();
-        let Ok(at) = order.binary_search(&worker) else {
+        let Ok(at) = order.find(worker) else {
             return Err(RouterError::UnknownWorker(worker));
         };
         // The map entry first: its shard's write lock waits for the events
@@ -301,7 +304,7 @@ impl Router {
 
     /// The live workers, in order.
     pub fn workers(&self) -> Vec<WorkerId> {
-        self.order_read().clone()
+        self.order_read().ids().to_vec()
     }
 
     /// Applies one of `worker`'s events.
@@ -562,7 +565,11 @@ impl Router {
     ///
     /// [`RouterError::UnknownWorker`].
     pub fn set_load(&self, worker: WorkerId, load: WorkerLoad) -> Result<(), RouterError> {
-        *lock(&self.worker(worker)?.load) = load;
+        let order = self.order_read();
+        let cell = order
+            .load(worker)
+            .ok_or(RouterError::UnknownWorker(worker))?;
+        *lock(cell) = load;
         Ok(())
     }
 
@@ -580,40 +587,43 @@ impl Router {
 
     /// Every live worker with its overlap with `request` (device blocks)
     /// and its load, in worker order.
+    ///
+    /// One pass over the live workers and their loads under one read lock;
+    /// the index's lookup costs what the request's keys and the workers
+    /// that match them cost, not the fleet.
     pub fn candidates(&self, request: &RouteRequest<'_>) -> Vec<Candidate> {
         // The list first: no worker comes or goes while its overlap and
         // load are read, so an overlap is never a previous incarnation's.
         let order = self.order_read();
-        if !self.medium_weights.is_empty() {
+        let mut candidates = Vec::with_capacity(order.ids().len());
+        if self.medium_weights.is_empty() {
+            let overlaps = self.index.overlaps(request.keys);
+            let mut matched = overlaps.iter().peekable();
+            for (worker, load) in order.loads() {
+                // Both ascending by worker: a merge, not a search each.
+                let overlap = matched.next_if(|(w, _)| *w <= worker);
+                let overlap_blocks = overlap.filter(|(w, _)| *w == worker).map_or(0, |o| o.1);
+                candidates.push(Candidate::new(worker, overlap_blocks, load));
+            }
+        } else {
             let weights: Vec<(&str, f64)> = (self.medium_weights.iter())
                 .map(|(name, weight)| (name.as_str(), *weight))
                 .collect();
             let overlaps = self.index.tiered_overlaps(&weights, request.keys);
-            return (order.iter())
-                .filter_map(|&worker| {
-                    let load = *lock(&self.workers.get(worker)?.load);
-                    let (overlap_blocks, tier_credit) = (overlaps
-                        .binary_search_by_key(&worker, |&(w, _, _)| w))
-                    .map_or((0, 0.0), |at| (overlaps[at].1, overlaps[at].2));
-                    Some(Candidate {
-                        worker,
-                        overlap_blocks,
-                        tier_credit,
-                        load,
-                    })
-                })
-                .collect();
+            let mut matched = overlaps.iter().peekable();
+            for (worker, load) in order.loads() {
+                let overlap = matched.next_if(|(w, _, _)| *w <= worker);
+                let (overlap_blocks, tier_credit) = (overlap.filter(|(w, _, _)| *w == worker))
+                    .map_or((0, 0.0), |&(_, blocks, credit)| (blocks, credit));
+                candidates.push(Candidate {
+                    worker,
+                    overlap_blocks,
+                    tier_credit,
+                    load,
+                });
+            }
         }
-        let overlaps = self.index.overlaps(request.keys);
-        order
-            .iter()
-            .filter_map(|&worker| {
-                let load = *lock(&self.workers.get(worker)?.load);
-                let overlap_blocks = (overlaps.binary_search_by_key(&worker, |&(w, _)| w))
-                    .map_or(0, |at| overlaps[at].1);
-                Some(Candidate::new(worker, overlap_blocks, load))
-            })
-            .collect()
+        candidates
     }
 
     /// Where `policy` sends `request`; `None` with no workers.

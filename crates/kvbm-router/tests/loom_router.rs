@@ -13,7 +13,9 @@ use loom::sync::Arc;
 use loom::thread;
 
 use kvbm_events::{BlockHash, BlockStored, KvEvent};
-use kvbm_router::{Candidate, KvAware, PrefixIndex, RouteRequest, Router, RouterError, WorkerId};
+use kvbm_router::{
+    Candidate, KvAware, PrefixIndex, RouteRequest, Router, RouterError, WorkerId, WorkerLoad,
+};
 
 /// The worker that comes and goes.
 const W: WorkerId = 7;
@@ -89,6 +91,67 @@ fn readd_racing_removal_leaves_a_whole_worker_or_none() {
             assert!(router.index().is_empty(), "the old incarnation's blocks");
         }
         router.audit().expect("consistent after one more event");
+    });
+}
+
+/// A load report racing the worker's removal and re-add, beside a
+/// bystander that reported before: the report lands on the old incarnation
+/// (and goes with it), is refused between the two, or lands on the new
+/// one; a re-added worker starts with no load, the bystander keeps its
+/// own, and a route sees each worker with its own load, never a neighbour's
+/// (the loads sit in an array beside the workers, shifted by every
+/// addition and removal).
+#[test]
+fn a_load_report_racing_a_readd_lands_on_one_incarnation() {
+    loom::model(|| {
+        let busy = WorkerLoad::new(5, 6, 1);
+        let bystander_load = WorkerLoad::new(1, 2, 3);
+        let router = Arc::new(Router::new());
+        router.add_worker(BYSTANDER).expect("fresh worker");
+        router.add_worker(W).expect("fresh worker");
+        router
+            .set_load(BYSTANDER, bystander_load)
+            .expect("live worker");
+        let restarter = {
+            let router = Arc::clone(&router);
+            thread::spawn(move || {
+                router.remove_worker(W).expect("live worker");
+                router.add_worker(W).expect("removed first")
+            })
+        };
+        let reported = router.set_load(W, busy);
+        let seen = candidates(&router, &[]);
+        restarter.join().expect("no panic");
+
+        router.audit().expect("consistent after the race");
+        for candidate in &seen {
+            if candidate.worker == BYSTANDER {
+                assert_eq!(candidate.load, bystander_load, "{seen:?}");
+            } else {
+                let own = [WorkerLoad::default(), busy];
+                assert!(
+                    own.contains(&candidate.load),
+                    "a neighbour's load: {seen:?}"
+                );
+            }
+        }
+        let after = candidates(&router, &[]);
+        let load_of = |worker| after.iter().find(|c| c.worker == worker).map(|c| c.load);
+        assert_eq!(load_of(BYSTANDER), Some(bystander_load));
+        match load_of(W) {
+            Some(load) if load == busy => assert_eq!(reported, Ok(()), "landed, so accepted"),
+            Some(load) => {
+                assert_eq!(
+                    load,
+                    WorkerLoad::default(),
+                    "the re-added worker starts idle"
+                );
+                if let Err(error) = reported {
+                    assert_eq!(error, RouterError::UnknownWorker(W));
+                }
+            }
+            None => panic!("re-added, so listed: {after:?}"),
+        }
     });
 }
 

@@ -35,7 +35,8 @@ impl Router {
     pub fn audit(&self) -> Result<RouterAudit, RouterError> {
         let fail = |what: String| Err(RouterError::InvariantViolated(what));
         // Held throughout: no worker comes or goes meanwhile.
-        let order = self.order_read();
+        let roster = self.order_read();
+        let order = roster.ids();
         if let Some(pair) = order.windows(2).find(|pair| pair[0] >= pair[1]) {
             return fail(format!(
                 "live workers out of order: {} then {}",
@@ -43,10 +44,9 @@ impl Router {
             ));
         }
         let indexed = self.index.worker_ids();
-        if indexed != *order {
+        if indexed != order {
             return fail(format!(
-                "the index has sets for workers {indexed:?}, the live workers are {:?}",
-                *order
+                "the index has sets for workers {indexed:?}, the live workers are {order:?}"
             ));
         }
         if self.workers.len() != order.len() {

@@ -1,0 +1,56 @@
+//! [`Roster`]: the live workers in order, each with its last reported load
+//! beside it.
+
+use super::{WorkerId, WorkerLoad};
+use crate::sync::{Mutex, lock};
+
+/// The live workers, sorted, and their loads in a parallel array, each in a
+/// cell of its own.
+///
+/// A route reads every worker's load, so the loads sit together: one pass
+/// over two arrays (32 bytes a worker), where a lookup per worker in the
+/// workers map cost a hash, a shard lock and a cache miss each, the cost
+/// that grew with the fleet. A load report locks only its own worker's
+/// cell, under the roster's read lock, so reports of different workers
+/// never wait for each other.
+#[derive(Debug, Default)]
+pub(super) struct Roster {
+    ids: Vec<WorkerId>,
+    loads: Vec<Mutex<WorkerLoad>>,
+}
+
+impl Roster {
+    /// The live workers, ascending.
+    pub(super) fn ids(&self) -> &[WorkerId] {
+        &self.ids
+    }
+
+    /// Where `worker` is (`Ok`), or where it would go (`Err`).
+    pub(super) fn find(&self, worker: WorkerId) -> Result<usize, usize> {
+        self.ids.binary_search(&worker)
+    }
+
+    /// Lists `worker`, with no load reported, at `at` (from
+    /// [`find`](Self::find)'s `Err`).
+    pub(super) fn insert(&mut self, at: usize, worker: WorkerId) {
+        self.ids.insert(at, worker);
+        self.loads.insert(at, Mutex::new(WorkerLoad::default()));
+    }
+
+    /// Unlists the worker at `at` (from [`find`](Self::find)'s `Ok`).
+    pub(super) fn remove(&mut self, at: usize) {
+        self.ids.remove(at);
+        self.loads.remove(at);
+    }
+
+    /// `worker`'s load cell; `None` unless it is live.
+    pub(super) fn load(&self, worker: WorkerId) -> Option<&Mutex<WorkerLoad>> {
+        self.find(worker).ok().and_then(|at| self.loads.get(at))
+    }
+
+    /// Every live worker with its load, ascending; each cell locked only
+    /// while it is read.
+    pub(super) fn loads(&self) -> impl Iterator<Item = (WorkerId, WorkerLoad)> + '_ {
+        (self.ids.iter().copied()).zip(self.loads.iter().map(|cell| *lock(cell)))
+    }
+}
