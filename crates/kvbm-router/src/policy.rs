@@ -227,21 +227,48 @@ impl KvAware {
 
     /// The logit of one candidate.
     pub fn logit(&self, request: &RouteRequest<'_>, candidate: &Candidate) -> f64 {
-        let block_size = request.block_size.max(1) as f64;
-        let cached_tokens = (candidate.overlap_blocks.saturating_mul(request.block_size))
-            .min(request.prompt_tokens);
+        self.logit_of(&LogitTerms::of(request), candidate)
+    }
+
+    /// [`logit`](Self::logit), with the request's terms worked out once
+    /// for all candidates (the same operations in the same order, so the
+    /// same bits).
+    fn logit_of(&self, terms: &LogitTerms, candidate: &Candidate) -> f64 {
+        let cached_tokens =
+            (candidate.overlap_blocks.saturating_mul(terms.block_size)).min(terms.prompt_tokens);
         let credit = if candidate.tier_credit.is_finite() {
             candidate.tier_credit.max(0.0)
         } else {
             0.0
         };
-        let new_tokens = ((request.prompt_tokens - cached_tokens) as f64
-            - credit * request.block_size as f64)
+        let new_tokens = ((terms.prompt_tokens - cached_tokens) as f64
+            - credit * terms.block_size as f64)
             .max(0.0);
         let prefill_blocks =
-            (candidate.load.queued_prefill_tokens as f64 + new_tokens) / block_size;
-        let decode_blocks = candidate.load.active_blocks as f64 + request.prompt_blocks() as f64;
+            (candidate.load.queued_prefill_tokens as f64 + new_tokens) / terms.block_size_f64;
+        let decode_blocks = candidate.load.active_blocks as f64 + terms.prompt_blocks;
         self.overlap_weight * prefill_blocks + decode_blocks
+    }
+}
+
+/// What [`KvAware::logit`] reads of the request, the same for every
+/// candidate.
+struct LogitTerms {
+    block_size: usize,
+    /// At least 1.
+    block_size_f64: f64,
+    prompt_tokens: usize,
+    prompt_blocks: f64,
+}
+
+impl LogitTerms {
+    fn of(request: &RouteRequest<'_>) -> Self {
+        Self {
+            block_size: request.block_size,
+            block_size_f64: request.block_size.max(1) as f64,
+            prompt_tokens: request.prompt_tokens,
+            prompt_blocks: request.prompt_blocks() as f64,
+        }
     }
 }
 
@@ -256,7 +283,8 @@ impl Policy for KvAware {
         }
         let mut logits = std::mem::take(&mut self.logits);
         logits.clear();
-        logits.extend(candidates.iter().map(|c| self.logit(request, c)));
+        let terms = LogitTerms::of(request);
+        logits.extend(candidates.iter().map(|c| self.logit_of(&terms, c)));
         let min = logits.iter().copied().fold(f64::INFINITY, f64::min);
         let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let chosen = if self.temperature == 0.0 || max == min {
