@@ -907,12 +907,14 @@ impl Threads {
                 || engine.sim.next_transfer_end().is_some_and(before)
         };
         // Counted, not collected: a list of the due engines would be an
-        // allocation in proportion to the engines at every arrival.
-        let several_due = engines.iter().filter(|engine| due(engine)).nth(1).is_some();
+        // allocation in proportion to the engines at every arrival. Only
+        // with a pool to wake: on one thread it would be a second scan.
+        let several_due =
+            |engines: &[Engine<'_>]| engines.iter().filter(|engine| due(engine)).nth(1).is_some();
         match self {
             // One engine due (most gaps between arrivals): waking the pool
             // would cost more than it could share.
-            Self::Pool(pool) if several_due => pool.install(|| {
+            Self::Pool(pool) if several_due(engines) => pool.install(|| {
                 (engines.par_iter_mut())
                     .filter(|engine| due(engine))
                     .try_for_each(|engine| engine.run_until(until, wire))
