@@ -129,6 +129,12 @@ fn bench_fleet(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("overlaps", name), keys, |b, keys| {
             b.iter(|| black_box(router.index().overlaps(black_box(keys))));
         });
+        // The whole route: the lookup, every worker's load, the policy.
+        group.bench_with_input(BenchmarkId::new("route-kv-aware", name), keys, |b, keys| {
+            let mut policy = KvAware::new(0);
+            let request = RouteRequest::new(keys, 16 * CHAIN as usize, 16);
+            b.iter(|| black_box(router.route(&request, &mut policy)));
+        });
     }
     // Two events of 64 blocks each per iteration.
     group.throughput(Throughput::Elements(2 * CHAIN));
