@@ -10,7 +10,8 @@ pub struct DecodesInPlace {
     /// Steps run.
     pub steps: u64,
     /// Requests that decoded one token in each of them (the same ones in
-    /// every step: nobody joins, leaves or waits out a step meanwhile).
+    /// every step: nobody joins, leaves or waits out a step meanwhile); 0
+    /// when no step ran.
     pub requests: usize,
 }
 
@@ -69,7 +70,10 @@ impl<M> Scheduler<M> {
         mut sample: impl FnMut(RequestId, usize) -> Option<u32>,
     ) -> DecodesInPlace {
         let requests = self.running.len();
-        let mut ran = DecodesInPlace { steps: 0, requests };
+        let mut ran = DecodesInPlace {
+            steps: 0,
+            requests: 0,
+        };
         if self.pending.is_some()
             || self.tiers.is_some()
             || !self.onboarding.is_empty()
@@ -101,6 +105,9 @@ impl<M> Scheduler<M> {
         }
         tokens.clear();
         self.scratch.tokens = tokens;
+        if ran.steps > 0 {
+            ran.requests = requests;
+        }
         ran
     }
 
