@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::Device;
-use crate::args::{Count, SaltArg, Tokens, U64, priority};
+use crate::args::{Count, SaltArg, Tokens, U32, U64, priority};
 use crate::convert;
 use crate::errors::Error;
 use crate::lock::lock;
@@ -282,6 +282,25 @@ impl Scheduler {
             state.scheduler.apply(&engine)
         };
         Ok(StepReport::new(report.map_err(Error::from)?))
+    }
+
+    /// For simulators: runs up to ``max_steps`` steps at once while each
+    /// is every running request decoding one token inside the blocks it
+    /// holds, each sampling ``token``, with exactly the effects of as many
+    /// ``step()`` + ``apply()`` pairs; it stops before the first step that
+    /// would do more (admit, allocate, complete a block, finish a request)
+    /// and runs none while anything waits, a plan is pending, or tiers or
+    /// speculative decoding are configured. Returns ``(steps, requests)``:
+    /// the steps run and the requests that decoded in each. A token is one
+    /// int for every decode: an engine whose tokens matter samples them
+    /// through ``step()`` and ``apply()``.
+    #[pyo3(signature = (max_steps, *, token = U32(0)))]
+    fn run_decodes_in_place(&self, py: Python<'_>, max_steps: U64, token: U32) -> (u64, usize) {
+        let mut guard = lock(&self.state, py);
+        let state = &mut *guard;
+        let ran =
+            py.detach(|| (state.scheduler).run_decodes_in_place(max_steps.0, |_, _| Some(token.0)));
+        (ran.steps, ran.requests)
     }
 
     /// Whether nothing is waiting or running and every request was

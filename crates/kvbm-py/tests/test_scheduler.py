@@ -181,3 +181,66 @@ def test_priorities_and_salts():
     assert plan.request_ids == [2]
     with pytest.raises(kvbm.InvalidArgumentError, match="priority"):
         scheduler.submit(3, SYSTEM, 1, priority="urgent")
+
+
+def test_decodes_in_place_match_step_and_apply():
+    """Two schedulers, one stepping every step, one running decodes in
+    place wherever it can: same tokens, same finishes, same step numbers."""
+
+    def workload():
+        scheduler = kvbm.Scheduler(256, 16, max_running=8, token_budget=512)
+        for i in range(12):
+            scheduler.submit(i, SYSTEM + [2000 + i] * (i % 5 + 1), 20 + i)
+        return scheduler
+
+    plain, fast = workload(), workload()
+    plain_finished, fast_finished = [], []
+    in_place = 0
+    for _ in range(10_000):
+        if fast.is_idle:
+            break
+        steps, requests = fast.run_decodes_in_place(1_000, token=7)
+        in_place += steps
+        assert (steps == 0) == (requests == 0)
+        for _ in range(steps):
+            # The same steps, through the plan: decodes only, nothing else.
+            plan = plain.step()
+            assert len(plan.decode) == requests and not plan.prefill
+            report = plain.apply(plan.sample_all(7))
+            assert not report.finished and not plan.finished
+        steps_planned = []
+        for scheduler, finished in ((plain, plain_finished), (fast, fast_finished)):
+            plan = scheduler.step()
+            finished += plan.finished
+            report = scheduler.apply(plan.sample_all(7))
+            finished += report.finished
+            steps_planned.append((plan.step, plan.request_ids))
+        assert steps_planned[0] == steps_planned[1]
+        for i in fast.running_ids:
+            assert fast.tokens(i) == plain.tokens(i)
+    assert fast.is_idle and plain.is_idle
+    assert in_place > 0
+    key = lambda f: f.request_id  # noqa: E731
+    assert [(f.request_id, f.generated_tokens) for f in sorted(fast_finished, key=key)] == [
+        (f.request_id, f.generated_tokens) for f in sorted(plain_finished, key=key)
+    ]
+    assert fast.audit() == plain.audit()
+
+
+def test_decodes_in_place_refuse_what_they_cannot_run():
+    scheduler = kvbm.Scheduler(64, 16)
+    assert scheduler.run_decodes_in_place(10) == (0, 0)  # nothing running
+    scheduler.submit(1, [3] * 5, 50)
+    plan = scheduler.step()
+    assert scheduler.run_decodes_in_place(10) == (0, 0)  # a plan is pending
+    scheduler.apply(plan.sample_all(1))
+    assert scheduler.run_decodes_in_place(0) == (0, 0)
+    # Slots 5 to 15 lie in the first block: ten decodes, the eleventh
+    # would complete it.
+    assert scheduler.run_decodes_in_place(100, token=9) == (10, 1)
+    assert scheduler.tokens(1)[-10:] == [9] * 10
+    assert scheduler.step().step == 11
+    with pytest.raises(ValueError):
+        scheduler.run_decodes_in_place(-1)
+    with pytest.raises(ValueError):
+        scheduler.run_decodes_in_place(1, token=2**32)

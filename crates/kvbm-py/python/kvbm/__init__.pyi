@@ -661,6 +661,13 @@ class Scheduler:
         """A running request's block table."""
     def tokens(self, request_id: int) -> list[int] | None:
         """A running request's tokens, prompt and generated."""
+    def run_decodes_in_place(self, max_steps: int, *, token: int = 0) -> tuple[int, int]:
+        """For simulators: runs up to ``max_steps`` steps at once while each
+        is every running request decoding one token (``token``) inside the
+        blocks it holds, with the effects of as many ``step()`` +
+        ``apply()`` pairs; stops before the first step that would do more.
+        Returns ``(steps, requests)``: the steps run and the requests that
+        decoded in each."""
     def census(self) -> dict[str, int]:
         """Where every request is (``submitted == waiting + onboarding +
         running + finished + aborted``) and the lifetime counters."""
