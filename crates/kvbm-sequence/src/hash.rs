@@ -189,7 +189,24 @@ impl Salt {
 /// assert_ne!(block_hash(&[1, 2, 3, 4]), block_hash(&[1, 2, 4, 3]));
 /// ```
 pub fn block_hash(tokens: &[u32]) -> u128 {
-    with_le_bytes(tokens, xxh3_128)
+    with_le_bytes(tokens, xxh3_128_of)
+}
+
+/// Inputs past this many bytes take XXH3's long path (stripes of 64
+/// bytes), where vector width pays.
+const XXH3_LONG_BYTES: usize = 240;
+
+/// XXH3-128 of `bytes`, from whichever implementation is faster at their
+/// length: xxhash-rust's short paths, or twox-hash's long path with AVX2
+/// when the CPU has it (a 64-token block: 33 ns against 44 ns). The same
+/// function either way (a test checks every length up to 1 KiB).
+#[inline(always)]
+fn xxh3_128_of(bytes: &[u8]) -> u128 {
+    if bytes.len() > XXH3_LONG_BYTES {
+        twox_hash::XxHash3_128::oneshot(bytes)
+    } else {
+        xxh3_128(bytes)
+    }
 }
 
 /// Calls `hash` on `tokens` as little-endian bytes.
@@ -292,6 +309,17 @@ mod tests {
         let mut hasher = SipHasher13::new_with_key(&key);
         std::hash::Hasher::write(&mut hasher, &bytes);
         hasher.finish128().as_u128()
+    }
+
+    #[test]
+    fn both_implementations_agree_at_every_length() {
+        let bytes: Vec<u8> = (0..1024u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for len in 0..=bytes.len() {
+            let input = &bytes[..len];
+            assert_eq!(super::xxh3_128_of(input), xxh3_128(input), "{len} bytes");
+        }
     }
 
     #[test]
