@@ -8,7 +8,7 @@ use crate::sync::{Mutex, lock};
 /// cell of its own.
 ///
 /// A route reads every worker's load, so the loads sit together: one pass
-/// over two arrays (32 bytes a worker), where a lookup per worker in the
+/// over two arrays (40 bytes a worker), where a lookup per worker in the
 /// workers map cost a hash, a shard lock and a cache miss each, the cost
 /// that grew with the fleet. A load report locks only its own worker's
 /// cell, under the roster's read lock, so reports of different workers
