@@ -386,6 +386,11 @@ impl<M> Running<M> {
     ///
     /// `scratch` holds buffers the caller keeps between calls, so committing
     /// allocates nothing (except to report rolled-back blocks).
+    ///
+    /// Inlined into `apply`, its one caller, which runs it for every
+    /// scheduled request: left to itself the inliner kept or dropped it as
+    /// unrelated code moved (1.4% of the all-at-once replay's instructions).
+    #[inline]
     pub(super) fn commit(
         &mut self,
         output: &EngineOutput,
