@@ -21,8 +21,8 @@ impl<M> Scheduler<M> {
         self.running.get(self.position(id)?)
     }
 
-    /// The ids of the running requests.
-    pub fn running_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+    /// The ids of the running requests (`len()` is how many run).
+    pub fn running_ids(&self) -> impl ExactSizeIterator<Item = RequestId> + '_ {
         self.running.iter().map(Running::id)
     }
 

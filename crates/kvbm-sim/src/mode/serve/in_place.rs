@@ -29,7 +29,7 @@ impl ServeSim<'_> {
             return Ok(0);
         }
         // Plain decodes of the running requests: what `step` charges them.
-        let running = self.scheduler.running_ids().count() as u64;
+        let running = self.scheduler.running_ids().len() as u64;
         let elapsed = self.step_time.step_nanos(0, running);
         let start = self.now;
         // Steps that begin before `until`, each ending before the clock's
