@@ -2,7 +2,9 @@
 //! to fold it onto its parent, and the [`Salt`] that roots every chain and
 //! picks the hash function.
 //!
-//! By default both steps are XXH3-128 (`xxhash-rust`), over little-endian
+//! By default both steps are XXH3-128 (`xxhash-rust`, and `twox-hash` for
+//! blocks past 240 bytes, where its run-time choice of AVX2 is faster; the
+//! same function either way), over little-endian
 //! bytes, so the values are the same on every platform and can be recomputed
 //! by a router that never sees a [`BlockSequence`](crate::BlockSequence).
 //! A [keyed salt](Salt::keyed) switches both steps to SipHash-1-3-128 under a
