@@ -140,6 +140,36 @@ struct Tally {
     wire: Option<(WireFormat, Slot)>,
 }
 
+/// Every worker in `order` with its load and what `overlap_of` credits it
+/// (device blocks, lower-tier credit), in worker order.
+fn offered(order: &Roster, mut overlap_of: impl FnMut(WorkerId) -> (usize, f64)) -> Vec<Candidate> {
+    (order.loads())
+        .map(|(worker, load)| {
+            let (overlap_blocks, tier_credit) = overlap_of(worker);
+            Candidate {
+                worker,
+                overlap_blocks,
+                tier_credit,
+                load,
+            }
+        })
+        .collect()
+}
+
+/// A lookup of `sorted`'s entry for a worker (ascending by `worker_of`),
+/// for workers asked in ascending order: a merge of the two lists, not a
+/// search for each.
+fn by_worker<'a, T>(
+    sorted: &'a [T],
+    worker_of: impl Fn(&T) -> WorkerId,
+) -> impl FnMut(WorkerId) -> Option<&'a T> {
+    let mut rest = sorted.iter().peekable();
+    move |worker| {
+        while rest.next_if(|entry| worker_of(entry) < worker).is_some() {}
+        rest.next_if(|entry| worker_of(entry) == worker)
+    }
+}
+
 /// The block size and medium `format` writes into its events.
 fn wire_settings(format: &WireFormat) -> (u32, Option<String>) {
     (format.block_size(), format.medium().map(str::to_owned))
@@ -595,35 +625,21 @@ impl Router {
         // The list first: no worker comes or goes while its overlap and
         // load are read, so an overlap is never a previous incarnation's.
         let order = self.order_read();
-        let mut candidates = Vec::with_capacity(order.ids().len());
         if self.medium_weights.is_empty() {
             let overlaps = self.index.overlaps(request.keys);
-            let mut matched = overlaps.iter().peekable();
-            for (worker, load) in order.loads() {
-                // Both ascending by worker: a merge, not a search each.
-                let overlap = matched.next_if(|(w, _)| *w <= worker);
-                let overlap_blocks = overlap.filter(|(w, _)| *w == worker).map_or(0, |o| o.1);
-                candidates.push(Candidate::new(worker, overlap_blocks, load));
-            }
-        } else {
-            let weights: Vec<(&str, f64)> = (self.medium_weights.iter())
-                .map(|(name, weight)| (name.as_str(), *weight))
-                .collect();
-            let overlaps = self.index.tiered_overlaps(&weights, request.keys);
-            let mut matched = overlaps.iter().peekable();
-            for (worker, load) in order.loads() {
-                let overlap = matched.next_if(|(w, _, _)| *w <= worker);
-                let (overlap_blocks, tier_credit) = (overlap.filter(|(w, _, _)| *w == worker))
-                    .map_or((0, 0.0), |&(_, blocks, credit)| (blocks, credit));
-                candidates.push(Candidate {
-                    worker,
-                    overlap_blocks,
-                    tier_credit,
-                    load,
-                });
-            }
+            let mut overlap_of = by_worker(&overlaps, |o| o.0);
+            return offered(&order, |worker| {
+                (overlap_of(worker).map_or(0, |o| o.1), 0.0)
+            });
         }
-        candidates
+        let weights: Vec<(&str, f64)> = (self.medium_weights.iter())
+            .map(|(name, weight)| (name.as_str(), *weight))
+            .collect();
+        let overlaps = self.index.tiered_overlaps(&weights, request.keys);
+        let mut overlap_of = by_worker(&overlaps, |o| o.0);
+        offered(&order, |worker| {
+            overlap_of(worker).map_or((0, 0.0), |&(_, blocks, credit)| (blocks, credit))
+        })
     }
 
     /// Where `policy` sends `request`; `None` with no workers.
