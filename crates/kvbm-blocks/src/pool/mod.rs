@@ -255,6 +255,8 @@ pub(crate) struct PoolState {
     counters: Counters,
     /// Present while someone subscribes to events.
     events: Option<EventLog>,
+    /// [`cache`](Self::cache)'s block ids, kept for its next call.
+    scratch: Vec<BlockId>,
 }
 
 impl PoolState {
@@ -280,6 +282,7 @@ impl PoolState {
             duplicates,
             counters: Counters::default(),
             events: None,
+            scratch: Vec::new(),
         })
     }
 
@@ -294,8 +297,18 @@ impl PoolState {
     pub(crate) fn allocate(
         &mut self,
         n: usize,
-        mut on_evicted: impl FnMut(SequenceHash),
+        on_evicted: impl FnMut(SequenceHash),
     ) -> Result<Vec<BlockId>, BlockError> {
+        self.check_room(n)?;
+        let mut ids = Vec::with_capacity(n);
+        self.take_into(n, on_evicted, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// Whether `n` blocks can be allocated now: the errors of
+    /// [`allocate`](Self::allocate) that change nothing.
+    #[inline]
+    fn check_room(&self, n: usize) -> Result<(), BlockError> {
         let total = self.slots.len();
         if n > total {
             return Err(BlockError::ExceedsCapacity {
@@ -310,14 +323,28 @@ impl PoolState {
                 available,
             });
         }
-        let mut ids = Vec::with_capacity(n);
+        Ok(())
+    }
+
+    /// [`allocate`](Self::allocate) after [`check_room`](Self::check_room),
+    /// appending the ids to `ids` (a buffer the caller may reuse); on an
+    /// error `ids` is as it was.
+    #[inline]
+    fn take_into(
+        &mut self,
+        n: usize,
+        mut on_evicted: impl FnMut(SequenceHash),
+        ids: &mut Vec<BlockId>,
+    ) -> Result<(), BlockError> {
+        let start = ids.len();
+        ids.reserve(n);
         for _ in 0..n.min(self.free.len()) {
             match self.free.pop(&mut self.slots) {
                 Some(id) => ids.push(id),
                 None => break,
             }
         }
-        while ids.len() < n {
+        while ids.len() - start < n {
             // `available` counted every cached block, so this always finds one.
             let Some((id, hash)) = self.evict_one() else {
                 break;
@@ -325,20 +352,20 @@ impl PoolState {
             on_evicted(hash);
             ids.push(id);
         }
-        if ids.len() < n {
-            let available = ids.len();
-            for id in ids {
+        if ids.len() - start < n {
+            let available = ids.len() - start;
+            for id in ids.drain(start..) {
                 self.free.push(&mut self.slots, id);
             }
             return Err(BlockError::InvariantViolated(format!(
                 "inactive pool yielded {available} of the {n} blocks it counted"
             )));
         }
-        for id in &ids {
+        for id in &ids[start..] {
             self.slots[id.index()].set_state(SlotState::Held);
         }
         self.counters.allocations += n as u64;
-        Ok(ids)
+        Ok(())
     }
 
     /// Evicts up to `n` cached blocks in policy order and holds them: each is
@@ -456,17 +483,30 @@ impl PoolState {
         let room = self.available();
         let skipped = hashes.len().saturating_sub(room);
         hashes.truncate(room);
-        let mut stored = Vec::new();
-        if self.store(hashes, &mut stored).is_err() {
+        // `store`'s work without its handles: the ids standing for the
+        // hashes go to a buffer the pool keeps between calls, so a lower
+        // tier's write-through allocates nothing per batch.
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        let taken = (self.check_room(hashes.len()))
+            .and_then(|()| self.take_into(hashes.len(), |_| {}, &mut ids));
+        if taken.is_err() {
             // `available` said they fit; nothing was taken.
+            self.scratch = ids;
             let missing = hashes.len();
             hashes.clear();
             return skipped + missing;
         }
-        // Released last first, as a dropped batch is.
-        for info in stored.iter().rev() {
-            self.release(info.block_id());
+        self.expect_registration(hashes.len(), 0);
+        for (id, &hash) in ids.iter_mut().zip(hashes.iter()) {
+            *id = self.register(*id, hash, &[]).block_id();
         }
+        self.flush_if_full();
+        // Released last first, as a dropped batch is.
+        for &id in ids.iter().rev() {
+            self.release(id);
+        }
+        self.scratch = ids;
         skipped
     }
 
