@@ -39,6 +39,7 @@
 //! ```
 
 #![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
 
 mod codec;
 mod convert;
