@@ -658,6 +658,23 @@ impl VllmBlockPool {
         PyTuple::new(py, lists)
     }
 
+    /// The largest ``block_hash_num_tokens`` among ``blocks`` (0 if none
+    /// has one): the per-block loop of vLLM's
+    /// ``KVCacheManager.estimate_cached_tokens`` over one group's blocks,
+    /// in one call. It reads each block's attribute, so it agrees with
+    /// vLLM's loop whoever set it; it changes nothing.
+    fn max_hash_num_tokens(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let mut max = 0i64;
+        for block in blocks.try_iter()? {
+            let tokens = block?.getattr(intern!(py, "_block_hash_num_tokens"))?;
+            // vLLM's `block_hash_num_tokens or 0`.
+            if !tokens.is_none() {
+                max = max.max(tokens.extract::<i64>()?);
+            }
+        }
+        Ok(max)
+    }
+
     /// Caches a request's newly full blocks, ``blocks[num_cached_blocks:
     /// num_full_blocks]``, under their hashes (vLLM's ``cache_full_blocks``
     /// loop): block ``i`` under ``block_hashes[(i + 1) * stride - 1]`` plus

@@ -146,6 +146,22 @@ def test_find_longest_cache_hit_stops_at_the_first_miss_in_any_group():
     assert pool.find_longest_cache_hit([h(9)] + hashes, [0], 10) == ([],)
 
 
+def test_max_hash_num_tokens_is_the_largest_cached_length_or_zero():
+    blocks, pool = make(8)
+    got = pool.get_new_blocks(4)
+    assert pool.max_hash_num_tokens(got) == 0  # nothing cached yet
+    pool.cache_full_blocks(got, [h(1), h(2), h(3)], 0, 3, 16, 0)
+    assert pool.max_hash_num_tokens(got) == 48
+    assert pool.max_hash_num_tokens(reversed(got[:2])) == 32  # any iterable
+    assert pool.max_hash_num_tokens([]) == 0
+    # Whoever set the attribute, the call reads it as vLLM's loop does
+    # (`block_hash_num_tokens or 0`).
+    got[3]._block_hash_num_tokens = 0
+    assert pool.max_hash_num_tokens(got[3:]) == 0
+    with pytest.raises(TypeError):
+        pool.max_hash_num_tokens(3)
+
+
 def test_find_longest_cache_hit_views_hashes_at_a_larger_block_size():
     blocks, pool = make(6)
     got = pool.get_new_blocks(2)

@@ -171,6 +171,10 @@ class VllmBlockPool:
         """The longest run of cached blocks from the start, for every group
         (block ``i``'s hash is ``block_hashes[(i + 1) * stride - 1]``), at
         most ``max_blocks``; one list per group. Touches nothing."""
+    def max_hash_num_tokens(self, blocks: Iterable[Any]) -> int:
+        """The largest ``_block_hash_num_tokens`` among ``blocks`` (0 if none
+        has one): vLLM's ``estimate_cached_tokens`` loop over one group, in
+        one call. Changes nothing."""
     def cache_full_blocks(
         self,
         blocks: _Seq[Any],

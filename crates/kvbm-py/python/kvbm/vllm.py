@@ -6,8 +6,9 @@ in Rust. It hands out vLLM's own ``KVCacheBlock`` objects, so vLLM's
 managers and scheduler work unchanged, and its eviction order is vLLM's
 free queue, exactly. Each loop over blocks is one call into Rust: an
 allocation with its evictions, a step's frees, the caching of a request's
-full blocks and, once ``install()`` patched it, the per-block lookup of
-``FullAttentionManager.find_longest_cache_hit``.
+full blocks and, once ``install()`` patched them, the per-block lookup of
+``FullAttentionManager.find_longest_cache_hit`` and the per-block loop of
+``KVCacheManager.estimate_cached_tokens``.
 
 ::
 
@@ -44,8 +45,11 @@ try:
         maybe_convert_block_hash,
         resolve_block_hashes,
     )
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as _KVCacheManager
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+        EncoderOnlyAttentionSpec,
         FullAttentionSpec,
     )
 except ImportError as _error:  # vLLM is not installed: nothing to adapt.
@@ -492,13 +496,40 @@ if AVAILABLE:
         return computed, hit_length
 
 
+    _ORIGINAL_ESTIMATE = _KVCacheManager.__dict__["estimate_cached_tokens"]
+    _UNCACHED_SPECS = (CrossAttentionSpec, EncoderOnlyAttentionSpec)
+
+    def _estimate_cached_tokens(self, request) -> int:
+        """``KVCacheManager.estimate_cached_tokens`` with its per-block loop
+        in one call per group when the pool is kvbm's."""
+        core = getattr(self.block_pool, "_kvbm_core", None)
+        if core is None:
+            return _ORIGINAL_ESTIMATE(self, request)
+        cached_tokens = None
+        for group, blocks in zip(
+            self.kv_cache_config.kv_cache_groups,
+            self.get_blocks(request.request_id).blocks,
+        ):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable or isinstance(spec, _UNCACHED_SPECS):
+                continue
+            group_cached_tokens = core.max_hash_num_tokens(blocks)
+            cached_tokens = (
+                group_cached_tokens
+                if cached_tokens is None
+                else min(cached_tokens, group_cached_tokens)
+            )
+        return cached_tokens or 0
+
+
 _SAVED: dict[str, Any] = {}
 
 
 def install() -> None:
     """Puts ``KvbmBlockPool`` in place of vLLM's ``BlockPool`` (in
-    ``vllm.v1.core.block_pool`` and the coordinator that builds pools) and
-    the one-call lookup in ``FullAttentionManager.find_longest_cache_hit``.
+    ``vllm.v1.core.block_pool`` and the coordinator that builds pools), the
+    one-call lookup in ``FullAttentionManager.find_longest_cache_hit`` and
+    the one-call loop of ``KVCacheManager.estimate_cached_tokens``.
     Pools built before keep their class. Idempotent.
 
     Raises ``ImportError`` without vLLM.
@@ -516,6 +547,8 @@ def install() -> None:
     _managers_module.FullAttentionManager.find_longest_cache_hit = classmethod(
         _find_longest_cache_hit
     )
+    _SAVED["estimate"] = _KVCacheManager.__dict__["estimate_cached_tokens"]
+    _KVCacheManager.estimate_cached_tokens = _estimate_cached_tokens
 
 
 def uninstall() -> None:
@@ -525,6 +558,7 @@ def uninstall() -> None:
     _block_pool_module.BlockPool = _SAVED.pop("block_pool")
     _coordinator_module.BlockPool = _SAVED.pop("coordinator")
     _managers_module.FullAttentionManager.find_longest_cache_hit = _SAVED.pop("find")
+    _KVCacheManager.estimate_cached_tokens = _SAVED.pop("estimate")
 
 
 def installed() -> bool:
