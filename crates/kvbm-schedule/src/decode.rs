@@ -30,6 +30,17 @@ impl<M> SchedulableSequence<M> {
     pub fn schedule_decode(&mut self, manager: &BlockManager<M>) -> Result<(), ScheduleError> {
         self.check_decode_preconditions("schedule_decode")?;
         self.check_manager(manager)?;
+        self.schedule_decode_checked(manager)
+    }
+
+    /// [`schedule_decode`](Self::schedule_decode) past its checks: also
+    /// what a group following a lead that passed them runs (see
+    /// `GroupedSequence`).
+    #[inline(always)]
+    pub(crate) fn schedule_decode_checked(
+        &mut self,
+        manager: &BlockManager<M>,
+    ) -> Result<(), ScheduleError> {
         let kv_position = self.kv_position;
         // The tail token sits at slot `kv_position`, so cover
         // `kv_position + 1 == total_tokens` slots.
@@ -69,6 +80,18 @@ impl<M> SchedulableSequence<M> {
             });
         }
         self.check_manager(manager)?;
+        self.apply_decode_checked(token, manager)
+    }
+
+    /// [`apply_decode`](Self::apply_decode) past its checks: also what a
+    /// group following a lead that passed them runs (see
+    /// `GroupedSequence`).
+    #[inline(always)]
+    pub(crate) fn apply_decode_checked(
+        &mut self,
+        token: u32,
+        manager: &BlockManager<M>,
+    ) -> Result<DecodeOutcome, ApplyError> {
         let kv_position = self.kv_position + 1;
         let blocks_registered = self.register_computed(kv_position, manager)?;
         // Cannot fail: the schedule checked that budget is left.

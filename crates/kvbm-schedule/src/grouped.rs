@@ -299,7 +299,27 @@ impl<M> GroupedSequence<M> {
     ///
     /// As [`SchedulableSequence::schedule_decode`].
     pub fn schedule_decode(&mut self, manager: &BlockManager<M>) -> Result<(), ScheduleError> {
-        self.schedule_all(|seq| seq.schedule_decode(manager))
+        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
+            return Ok(());
+        };
+        lead.schedule_decode(manager)?;
+        // The first group's checks stand for all (they advance alike): on
+        // every decode step the others only allocate and record.
+        for g in 0..rest.len() {
+            debug_assert!(
+                rest[g]
+                    .check_decode_preconditions("schedule_decode")
+                    .is_ok()
+            );
+            if let Err(error) = rest[g].schedule_decode_checked(manager) {
+                for done in std::iter::once(lead).chain(&mut rest[..g]) {
+                    // Scheduled just now, so revertible.
+                    let _ = done.revert_schedule();
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
     }
 
     fn schedule_all(
@@ -370,7 +390,20 @@ impl<M> GroupedSequence<M> {
         token: u32,
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
-        self.apply_all(|seq| seq.apply_decode(token, manager))
+        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        let outcome = lead.apply_decode(token, manager)?;
+        // As `schedule_decode`: the first group's checks stand for all.
+        for seq in rest {
+            debug_assert!(matches!(
+                seq.state(),
+                crate::SequenceState::DecodeScheduled { .. }
+            ));
+            seq.apply_decode_checked(token, manager)?;
+        }
+        self.release_unread();
+        Ok(outcome)
     }
 
     /// Applies to the first group (whose refusal changes nothing), then to
@@ -387,6 +420,12 @@ impl<M> GroupedSequence<M> {
         for seq in rest {
             apply(seq)?;
         }
+        self.release_unread();
+        Ok(outcome)
+    }
+
+    /// After an apply: each group releases the blocks it reads no more.
+    fn release_unread(&mut self) {
         for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
             // A full group reads every block: nothing to release.
             if group.kind() != AttentionKind::Full {
@@ -394,7 +433,6 @@ impl<M> GroupedSequence<M> {
                 let _ = seq.release_unread(group.kind());
             }
         }
-        Ok(outcome)
     }
 
     /// Undoes the scheduled step in every group.

@@ -189,6 +189,9 @@ impl EventLog {
 
     /// Appends `event`, dropping the oldest one if the policy's bound is
     /// reached.
+    // Inlined so that with no history kept (the scheduler's sequences, one
+    // per KV cache group) no event is built, only counted.
+    #[inline]
     pub(crate) fn record(&mut self, event: SequenceEvent) {
         match self.policy {
             HistoryPolicy::Full => self.events.push_back(event),

@@ -380,10 +380,12 @@ impl<M> SchedulableSequence<M> {
             .complete_and_register_up_to(kv_position / self.inner.block_size(), manager)
     }
 
-    /// Whether [`register_computed`](Self::register_computed) at
-    /// `kv_position` would register nothing: every block it covers is
-    /// registered already and none waits staged.
-    pub(crate) fn registers_nothing_at(&self, kv_position: usize) -> bool {
+    /// Whether registering the computed blocks up to `kv_position` (what
+    /// an apply reaching it does) would register nothing: every block it
+    /// covers is registered already and none waits staged. A scheduler
+    /// asks it to skip the bookkeeping of a registration that cannot
+    /// happen, as most decode steps are.
+    pub fn registers_nothing_at(&self, kv_position: usize) -> bool {
         let assignments = self.inner.assignments();
         kv_position / self.inner.block_size() <= assignments.assigned_end()
             && assignments.staged_count() == 0

@@ -35,6 +35,8 @@ impl AttentionKind {
     /// released. For a sliding window it is vLLM's `(computed_tokens -
     /// window + 1) / block_size`; for a chunk, the block where the current
     /// chunk starts.
+    // Inlined: a window group asks after every applied step.
+    #[inline]
     pub fn first_needed_block(self, computed_tokens: usize, block_size: usize) -> usize {
         let block_size = block_size.max(1);
         match self {

@@ -377,3 +377,53 @@ proptest! {
         prop_assert_eq!(audit(&pool).in_use_blocks(), 0);
     }
 }
+
+/// The first group's decode checks stand for all; a later group that
+/// cannot allocate its block still undoes the first group's schedule, and
+/// the decode runs once the pool has room.
+#[test]
+fn a_decode_a_later_group_cannot_allocate_leaves_every_group_idle() {
+    let groups = Arc::new(
+        KvCacheGroups::new(
+            BLOCK_SIZE,
+            vec![
+                KvCacheGroup::new(AttentionKind::Full, 1),
+                KvCacheGroup::new(
+                    AttentionKind::SlidingWindow {
+                        window: 2 * BLOCK_SIZE,
+                    },
+                    1,
+                ),
+            ],
+        )
+        .expect("valid groups"),
+    );
+    // Two blocks of prompt per group, and room for one decode block.
+    let pool = manager(5);
+    let prompt: Vec<u32> = (0..2 * BLOCK_SIZE as u32).collect();
+    let mut seq = GroupedSequence::<Gpu>::new(prompt, 4, groups).expect("valid");
+    seq.schedule_prefill(2 * BLOCK_SIZE, &pool).expect("fits");
+    seq.apply_prefill(Some(100), &pool).expect("scheduled");
+    assert_eq!(seq.held_blocks(), 4);
+
+    let refused = seq.schedule_decode(&pool);
+    assert!(refused.is_err(), "the window group finds no block");
+    for g in 0..2 {
+        let group = seq.group(g).expect("a group");
+        assert_eq!(group.state(), SequenceState::Idle);
+        assert_eq!(group.held_blocks(), 2);
+    }
+    assert_eq!(pool.available_blocks(), 1);
+
+    // In a pool with room for both blocks the same request decodes.
+    seq.release().expect("idle");
+    let pool = manager(6);
+    seq.reacquire(&pool).expect("idle");
+    seq.schedule_prefill(seq.remaining_prefill_tokens(), &pool)
+        .expect("fits");
+    seq.apply_prefill(None, &pool).expect("scheduled");
+    seq.schedule_decode(&pool).expect("room for both groups");
+    seq.apply_decode(101, &pool).expect("scheduled");
+    assert_eq!(seq.kv_position(), 2 * BLOCK_SIZE + 1);
+    assert!((0..2).all(|g| seq.group(g).expect("a group").kv_position() == seq.kv_position()));
+}
