@@ -47,6 +47,15 @@ impl<M> RequestKv<M> {
         }
     }
 
+    /// Every group's sequence but the first's, in group order (none for a
+    /// plain sequence).
+    pub(super) fn followers(&self) -> &[SchedulableSequence<M>] {
+        match self {
+            Self::One(_) => &[],
+            Self::Groups(seq) => seq.sequences().get(1..).unwrap_or_default(),
+        }
+    }
+
     /// The first group's tokens, hashes and blocks (the tiers and the
     /// router's view: a model with groups has no tiers).
     pub(super) fn inner(&self) -> &RequestSequence<M> {

@@ -224,6 +224,11 @@ impl<M> Running<M> {
                             update
                         }
                     };
+                    if !resumed && fresh == 0 {
+                        // Most steps: every group's table is known and
+                        // grew by nothing (`table_update` would add none).
+                        continue;
+                    }
                     Self::table_update(group, resumed, fresh, &mut update.new_blocks);
                     if i == 0 {
                         // `new_blocks` repeats the first group's.
@@ -280,15 +285,21 @@ impl<M> Running<M> {
 
     /// Fills `ids` with the staged and unassigned blocks, in table order,
     /// that applying `work` may publish or give back: all of them for a
-    /// speculative step (a rollback gives back the table's tail), else the
-    /// first ones the step's tokens can complete. A decode step of a
-    /// request with many blocks allocated ahead copies two ids, not all.
+    /// speculative step (a rollback gives back the table's tail), none for
+    /// a step that registers nothing (most decodes: nothing published,
+    /// nothing swapped), else the first ones the step's tokens can
+    /// complete. A decode step of a request with many blocks allocated
+    /// ahead copies two ids, not all.
     fn unregistered_block_ids(
         seq: &SchedulableSequence<M>,
         work: Work,
         block_size: usize,
         ids: &mut Vec<BlockId>,
     ) {
+        ids.clear();
+        if Self::registers_nothing(seq, work) {
+            return;
+        }
         let assignments = seq.inner().assignments();
         let limit = match work {
             Work::Speculative { .. } => usize::MAX,
@@ -298,10 +309,16 @@ impl<M> Running<M> {
                 .saturating_add(work.tokens().div_ceil(block_size.max(1)))
                 .saturating_add(2),
         };
-        ids.clear();
         let staged = assignments.staged().iter().map(|block| block.block_id());
         let unassigned = assignments.unassigned().map(|block| block.block_id());
         ids.extend(staged.chain(unassigned).take(limit));
+    }
+
+    /// Whether applying `work` surely registers no block of `seq`. A
+    /// speculative step's end depends on what is accepted, so it may.
+    fn registers_nothing(seq: &SchedulableSequence<M>, work: Work) -> bool {
+        !matches!(work, Work::Speculative { .. })
+            && seq.registers_nothing_at(seq.kv_position().saturating_add(work.tokens()))
     }
 
     /// Whether publishing blocks replaced any of them: a block whose content
@@ -403,16 +420,27 @@ impl<M> Running<M> {
         };
         let lead = self.seq.lead();
         let registered_before = lead.inner().assignments().assigned_end();
-        let held_before = self.seq.held_blocks();
+        // Only a speculative step gives blocks back (see `report_rolled_back`).
+        let held_before = match work {
+            Work::Speculative { .. } => self.seq.held_blocks(),
+            Work::Prefill { .. } | Work::Decode => 0,
+        };
         let block_size = manager.block_size();
-        Self::unregistered_block_ids(lead, work, block_size, &mut scratch.blocks);
-        if let RequestKv::Groups(seq) = &self.seq {
+        // Groups advance alike: a step that registers nothing in the first
+        // group (most decodes) registers nothing in any, so no table can
+        // change under registration and no group's tail is worth a copy.
+        let registers = !Self::registers_nothing(lead, work);
+        scratch.blocks.clear();
+        if registers {
+            Self::unregistered_block_ids(lead, work, block_size, &mut scratch.blocks);
             // The other groups' tables, to see whether registration swapped
-            // any of their blocks too.
-            let others = &seq.sequences()[1..];
-            scratch
-                .other_groups
-                .resize_with(others.len(), Default::default);
+            // any of their blocks too. Entries past them keep their buffers.
+            let others = self.seq.followers();
+            if scratch.other_groups.len() < others.len() {
+                scratch
+                    .other_groups
+                    .resize_with(others.len(), Default::default);
+            }
             for (group, (registered, ids)) in others.iter().zip(&mut scratch.other_groups) {
                 *registered = group.inner().assignments().assigned_end();
                 Self::unregistered_block_ids(group, work, block_size, ids);
@@ -446,16 +474,16 @@ impl<M> Running<M> {
                 return Ok(None);
             }
         }
-        let swapped =
-            Self::registration_swapped_blocks(self.seq.lead(), registered_before, &scratch.blocks)
-                || match &self.seq {
-                    RequestKv::One(_) => false,
-                    RequestKv::Groups(seq) => (seq.sequences()[1..].iter())
-                        .zip(&scratch.other_groups)
-                        .any(|(group, (registered, ids))| {
-                            Self::registration_swapped_blocks(group, *registered, ids)
-                        }),
-                };
+        let swapped = registers
+            && (Self::registration_swapped_blocks(
+                self.seq.lead(),
+                registered_before,
+                &scratch.blocks,
+            ) || (self.seq.followers().iter())
+                .zip(&scratch.other_groups)
+                .any(|(group, (registered, ids))| {
+                    Self::registration_swapped_blocks(group, *registered, ids)
+                }));
         if swapped {
             // The engine must learn the new table before it runs us again.
             self.resumed = true;
