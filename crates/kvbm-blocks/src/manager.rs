@@ -287,6 +287,43 @@ impl<M> BlockManager<M> {
         ImmutableBlocks::from_refs(self.shared.clone(), infos)
     }
 
+    /// How many distinct blocks of `tables` no one else pins: those whose
+    /// every reference is one of the listed entries (a block listed `k`
+    /// times counts once if it has exactly `k` references). Dropping these
+    /// tables would make exactly those blocks evictable; the others stay in
+    /// use by other handles. What a scheduler weighs before preempting
+    /// requests that share a prefix with ones that keep running. Tables of
+    /// another manager count nothing.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).build()?;
+    /// let hashes = [SequenceHash::root(1), SequenceHash::root(2)];
+    /// let mine = manager.store_blocks(&hashes)?;
+    /// let shared = manager.match_blocks(&hashes[..1]); // another request
+    /// assert_eq!(manager.pinned_only_by([&mine]), 1);
+    /// assert_eq!(manager.pinned_only_by([&mine, &shared]), 2);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    pub fn pinned_only_by<'a>(
+        &self,
+        tables: impl IntoIterator<Item = &'a ImmutableBlocks<M>>,
+    ) -> usize
+    where
+        M: 'a,
+    {
+        let mut ids: Vec<BlockId> = (tables.into_iter())
+            .filter(|table| table.belongs_to(self))
+            .flat_map(|table| table.block_ids())
+            .collect();
+        ids.sort_unstable();
+        let pool = self.shared.lock();
+        ids.chunk_by(|a, b| a == b)
+            .filter(|run| pool.references(run[0]) == run.len())
+            .count()
+    }
+
     /// Which of `hashes` are registered right now, without the prefix rule,
     /// without pinning anything and without touching eviction order.
     pub fn scan_matches(&self, hashes: &[SequenceHash]) -> Vec<bool> {

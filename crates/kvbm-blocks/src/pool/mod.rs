@@ -542,6 +542,17 @@ impl PoolState {
         self.registered(hash.value()).is_some()
     }
 
+    /// The references pinning block `id` (0 for a free, held or cached
+    /// block's slot; a sticky count reads as `usize::MAX`).
+    pub(crate) fn references(&self, id: BlockId) -> usize {
+        let slot = &self.slots[id.index()];
+        match (slot.state(), slot.refs) {
+            (SlotState::Registered | SlotState::Duplicate, u32::MAX) => usize::MAX,
+            (SlotState::Registered | SlotState::Duplicate, refs) => refs as usize,
+            (SlotState::Free | SlotState::Held, _) => 0,
+        }
+    }
+
     /// Another handle to a block the caller already pins.
     pub(crate) fn add_ref(&mut self, id: BlockId) {
         let slot = &mut self.slots[id.index()];

@@ -148,3 +148,27 @@ fn batches_read_as_slices_of_block_info() {
     );
     assert!(format!("{batch:?}").contains("block_ids"));
 }
+
+#[test]
+fn pinned_only_by_counts_the_blocks_no_other_handle_pins() {
+    let manager = manager(6);
+    let batch = register(&manager, &chain(1, 4));
+    assert_eq!(manager.pinned_only_by([&batch]), 4);
+    // Another request shares the first two: they stay pinned without it.
+    let sharer = batch.clone_range(0..2);
+    assert_eq!(manager.pinned_only_by([&batch]), 2);
+    // Listed with the sharer, every reference is accounted for.
+    assert_eq!(manager.pinned_only_by([&batch, &sharer]), 4);
+    assert_eq!(manager.pinned_only_by([&sharer]), 0);
+    // An empty list, and a table of another manager, count nothing.
+    assert_eq!(manager.pinned_only_by([]), 0);
+    let other = crate::manager(2);
+    let foreign = register(&other, &chain(7, 2));
+    assert_eq!(manager.pinned_only_by([&foreign]), 0);
+    // What it counted is what dropping the tables gives back.
+    let cached = audit(&manager).inactive_blocks;
+    drop(batch);
+    assert_eq!(audit(&manager).inactive_blocks, cached + 2);
+    drop(sharer);
+    assert_eq!(audit(&manager).inactive_blocks, cached + 4);
+}

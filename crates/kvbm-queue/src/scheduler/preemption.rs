@@ -119,14 +119,25 @@ impl<M> Scheduler<M> {
         candidates.sort_by_key(|&i| (running[i].priority(), Reverse(running[i].admitted.seq())));
         let mut freed = room;
         let mut victims = Vec::new();
+        // What the victims would give back, counted exactly: the blocks
+        // they hold alone (unregistered ones always; registered ones unless
+        // a request that keeps running shares them, as requests sharing a
+        // prefix do). Counting every held block would preempt requests
+        // whose blocks stay in use, for a head that still does not fit.
+        let mut alone = 0u64;
+        let mut tables = Vec::new();
         for i in candidates {
             if freed >= cost {
                 break;
             }
-            // An upper bound: blocks it shares with other running requests
-            // stay in use; the shortfall then shows at allocation, which
-            // puts the head back at its place.
-            freed = freed.saturating_add(running[i].seq.held_blocks() as u64);
+            for seq in running[i].seq.sequences() {
+                let assignments = seq.inner().assignments();
+                let unregistered = assignments.staged_count() + assignments.unassigned_count();
+                alone = alone.saturating_add(unregistered as u64);
+                tables.push(assignments.assigned());
+            }
+            let registered = self.manager.pinned_only_by(tables.iter().copied()) as u64;
+            freed = room.saturating_add(alone).saturating_add(registered);
             victims.push(i);
         }
         if freed < cost {
