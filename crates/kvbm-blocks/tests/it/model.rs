@@ -594,6 +594,7 @@ fn check(
         );
     }
     prop_assert_eq!(audit.held_blocks, owners.iter().sum::<usize>());
+    pinned_only_by_counts_every_reference(manager, real)?;
     if let Some(model) = model {
         prop_assert_eq!(audit.free_blocks, model.free.len());
         prop_assert_eq!(audit.inactive_blocks, model.lru.len());
@@ -601,6 +602,36 @@ fn check(
         prop_assert_eq!(audit.active_blocks, model.count(State::Registered, true));
         prop_assert_eq!(audit.registered_hashes, model.registry.len());
     }
+    Ok(())
+}
+
+/// `pinned_only_by` against the handles themselves: every reference to a
+/// registered block is an entry of some registered handle here, so a block
+/// is pinned only by some handles when all its entries are theirs.
+fn pinned_only_by_counts_every_reference(
+    manager: &kvbm_blocks::BlockManager<Gpu>,
+    real: &[Real],
+) -> Result<(), TestCaseError> {
+    let tables: Vec<&ImmutableBlocks<Gpu>> = (real.iter())
+        .filter_map(|handle| match handle {
+            Real::Registered(blocks) => Some(blocks),
+            _ => None,
+        })
+        .collect();
+    let mut references = vec![0usize; manager.total_blocks()];
+    for table in &tables {
+        table.block_ids().for_each(|id| references[id.index()] += 1);
+    }
+    for table in &tables {
+        let mut listed = vec![0usize; manager.total_blocks()];
+        table.block_ids().for_each(|id| listed[id.index()] += 1);
+        let alone = (listed.iter().zip(&references))
+            .filter(|&(&listed, &all)| listed > 0 && listed == all)
+            .count();
+        prop_assert_eq!(manager.pinned_only_by([*table]), alone);
+    }
+    let pinned = references.iter().filter(|&&all| all > 0).count();
+    prop_assert_eq!(manager.pinned_only_by(tables.iter().copied()), pinned);
     Ok(())
 }
 
