@@ -290,7 +290,8 @@ impl<M> GroupedSequence<M> {
         num_tokens: usize,
         manager: &BlockManager<M>,
     ) -> Result<(), ScheduleError> {
-        self.schedule_all(|seq| seq.schedule_prefill(num_tokens, manager))
+        let schedule = |seq: &mut SchedulableSequence<M>| seq.schedule_prefill(num_tokens, manager);
+        self.schedule_all(schedule, schedule)
     }
 
     /// Schedules a decode step in every group, all or nothing.
@@ -299,36 +300,32 @@ impl<M> GroupedSequence<M> {
     ///
     /// As [`SchedulableSequence::schedule_decode`].
     pub fn schedule_decode(&mut self, manager: &BlockManager<M>) -> Result<(), ScheduleError> {
-        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
-            return Ok(());
-        };
-        lead.schedule_decode(manager)?;
         // The first group's checks stand for all (they advance alike): on
         // every decode step the others only allocate and record.
-        for g in 0..rest.len() {
-            debug_assert!(
-                rest[g]
-                    .check_decode_preconditions("schedule_decode")
-                    .is_ok()
-            );
-            if let Err(error) = rest[g].schedule_decode_checked(manager) {
-                for done in std::iter::once(lead).chain(&mut rest[..g]) {
-                    // Scheduled just now, so revertible.
-                    let _ = done.revert_schedule();
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
+        self.schedule_all(
+            |lead| lead.schedule_decode(manager),
+            |seq| {
+                debug_assert!(seq.check_decode_preconditions("schedule_decode").is_ok());
+                seq.schedule_decode_checked(manager)
+            },
+        )
     }
 
+    /// Schedules the step in every group, all or nothing: `lead` in the
+    /// first, `rest` in each of the others; a group that refuses reverts
+    /// the groups before it.
     fn schedule_all(
         &mut self,
-        mut schedule: impl FnMut(&mut SchedulableSequence<M>) -> Result<(), ScheduleError>,
+        lead: impl FnOnce(&mut SchedulableSequence<M>) -> Result<(), ScheduleError>,
+        mut rest: impl FnMut(&mut SchedulableSequence<M>) -> Result<(), ScheduleError>,
     ) -> Result<(), ScheduleError> {
-        for g in 0..self.sequences.len() {
-            if let Err(error) = schedule(&mut self.sequences[g]) {
-                for done in &mut self.sequences[..g] {
+        let [first, others @ ..] = self.sequences.as_mut_slice() else {
+            return Ok(());
+        };
+        lead(first)?;
+        for g in 0..others.len() {
+            if let Err(error) = rest(&mut others[g]) {
+                for done in std::iter::once(first).chain(&mut others[..g]) {
                     // Scheduled just now, so revertible.
                     let _ = done.revert_schedule();
                 }
@@ -348,7 +345,9 @@ impl<M> GroupedSequence<M> {
         num_draft_tokens: usize,
         manager: &BlockManager<M>,
     ) -> Result<(), ScheduleError> {
-        self.schedule_all(|seq| seq.schedule_speculative(num_draft_tokens, manager))
+        let schedule =
+            |seq: &mut SchedulableSequence<M>| seq.schedule_speculative(num_draft_tokens, manager);
+        self.schedule_all(schedule, schedule)
     }
 
     /// Commits the scheduled speculative step in every group (the same
@@ -362,7 +361,8 @@ impl<M> GroupedSequence<M> {
         accepted: &[u32],
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
-        self.apply_all(|seq| seq.apply_speculative(accepted, manager))
+        let apply = |seq: &mut SchedulableSequence<M>| seq.apply_speculative(accepted, manager);
+        self.apply_all(apply, apply)
     }
 
     /// Commits the scheduled prefill chunk in every group, then releases
@@ -376,7 +376,8 @@ impl<M> GroupedSequence<M> {
         token: Option<u32>,
         manager: &BlockManager<M>,
     ) -> Result<(), ApplyError> {
-        self.apply_all(|seq| seq.apply_prefill(token, manager))
+        let apply = |seq: &mut SchedulableSequence<M>| seq.apply_prefill(token, manager);
+        self.apply_all(apply, apply)
     }
 
     /// Commits the scheduled decode step in every group, then releases
@@ -390,35 +391,33 @@ impl<M> GroupedSequence<M> {
         token: u32,
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
-        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
-            return Err(no_groups());
-        };
-        let outcome = lead.apply_decode(token, manager)?;
         // As `schedule_decode`: the first group's checks stand for all.
-        for seq in rest {
-            debug_assert!(matches!(
-                seq.state(),
-                crate::SequenceState::DecodeScheduled { .. }
-            ));
-            seq.apply_decode_checked(token, manager)?;
-        }
-        self.release_unread();
-        Ok(outcome)
+        self.apply_all(
+            |lead| lead.apply_decode(token, manager),
+            |seq| {
+                debug_assert!(matches!(
+                    seq.state(),
+                    crate::SequenceState::DecodeScheduled { .. }
+                ));
+                seq.apply_decode_checked(token, manager)
+            },
+        )
     }
 
-    /// Applies to the first group (whose refusal changes nothing), then to
-    /// the others, which are in the same state and so accept too; then
-    /// each group releases its unread blocks.
-    fn apply_all<T>(
+    /// Applies `lead` to the first group (whose refusal changes nothing),
+    /// then `rest` to the others, which are in the same state and so accept
+    /// too; then each group releases its unread blocks.
+    fn apply_all<T, U>(
         &mut self,
-        mut apply: impl FnMut(&mut SchedulableSequence<M>) -> Result<T, ApplyError>,
+        lead: impl FnOnce(&mut SchedulableSequence<M>) -> Result<T, ApplyError>,
+        mut rest: impl FnMut(&mut SchedulableSequence<M>) -> Result<U, ApplyError>,
     ) -> Result<T, ApplyError> {
-        let [lead, rest @ ..] = self.sequences.as_mut_slice() else {
+        let [first, others @ ..] = self.sequences.as_mut_slice() else {
             return Err(no_groups());
         };
-        let outcome = apply(lead)?;
-        for seq in rest {
-            apply(seq)?;
+        let outcome = lead(first)?;
+        for seq in others {
+            rest(seq)?;
         }
         self.release_unread();
         Ok(outcome)
