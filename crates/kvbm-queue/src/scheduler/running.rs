@@ -285,11 +285,10 @@ impl<M> Running<M> {
 
     /// Fills `ids` with the staged and unassigned blocks, in table order,
     /// that applying `work` may publish or give back: all of them for a
-    /// speculative step (a rollback gives back the table's tail), none for
-    /// a step that registers nothing (most decodes: nothing published,
-    /// nothing swapped), else the first ones the step's tokens can
-    /// complete. A decode step of a request with many blocks allocated
-    /// ahead copies two ids, not all.
+    /// speculative step (a rollback gives back the table's tail), else the
+    /// first ones the step's tokens can complete. A decode step of a
+    /// request with many blocks allocated ahead copies two ids, not all.
+    /// (The caller asks only for a step that may register.)
     fn unregistered_block_ids(
         seq: &SchedulableSequence<M>,
         work: Work,
@@ -297,9 +296,6 @@ impl<M> Running<M> {
         ids: &mut Vec<BlockId>,
     ) {
         ids.clear();
-        if Self::registers_nothing(seq, work) {
-            return;
-        }
         let assignments = seq.inner().assignments();
         let limit = match work {
             Work::Speculative { .. } => usize::MAX,
