@@ -4,7 +4,6 @@ use std::collections::HashSet;
 
 use tracing::debug;
 
-use super::running::Running;
 use super::{
     EngineOutput, FinishReason, OutputIndex, PendingStep, RequestId, Scheduler, SchedulerError,
     StepReport,
@@ -150,7 +149,7 @@ impl<M> Scheduler<M> {
                 .running
                 .iter()
                 .filter(|r| r.work.is_some())
-                .map(Running::id)
+                .map(|running| running.id())
                 .collect();
             let stray = by_id.keys().find(|id| !scheduled.contains(id));
             if let Some(&id) = stray {

@@ -18,12 +18,12 @@ impl<M> Scheduler<M> {
     }
 
     fn find(&self, id: RequestId) -> Option<&Running<M>> {
-        self.running.get(self.position(id)?)
+        self.running.get(self.position(id)?).map(|running| &**running)
     }
 
     /// The ids of the running requests (`len()` is how many run).
     pub fn running_ids(&self) -> impl ExactSizeIterator<Item = RequestId> + '_ {
-        self.running.iter().map(Running::id)
+        self.running.iter().map(|running| running.id())
     }
 
     /// Whether `id` is running (admitted and holding blocks).

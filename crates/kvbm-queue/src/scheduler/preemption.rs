@@ -109,7 +109,7 @@ impl<M> Scheduler<M> {
     fn victims_for(
         &self,
         priority: crate::Priority,
-        running: &[Running<M>],
+        running: &[Box<Running<M>>],
         cost: u64,
         room: u64,
     ) -> Vec<usize> {

@@ -14,11 +14,15 @@ use super::running::Running;
 type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// Admitted requests holding blocks, in no particular order between steps,
-/// with an O(1) lookup by id. Reads go through the slice (`Deref`);
+/// with an O(1) lookup by id. Entries are boxed: a `Running` is hundreds of
+/// bytes, and removing one from the middle (a request finishing, kept in
+/// order) shifts every entry behind it, which for 256 running requests was
+/// up to 128 KiB per removal; pointers make it 2 KiB. Reads go through the slice (`Deref`);
 /// changes to membership or order go through the methods below, which keep
 /// the index honest.
 pub(super) struct RunningSet<M> {
-    list: Vec<Running<M>>,
+    #[expect(clippy::vec_box, reason = "a removal shifts pointers, not entries")]
+    list: Vec<Box<Running<M>>>,
     positions: Positions,
     /// Whether `list` changed since `positions` was built.
     stale: bool,
@@ -36,32 +40,32 @@ impl<M> Default for RunningSet<M> {
 
 impl<M> RunningSet<M> {
     pub(super) fn push(&mut self, running: Running<M>) {
-        self.list.push(running);
+        self.list.push(Box::new(running));
         self.stale = true;
     }
 
     /// Removes entry `index`, keeping the others' order.
     pub(super) fn remove(&mut self, index: usize) -> Running<M> {
         self.stale = true;
-        self.list.remove(index)
+        *self.list.remove(index)
     }
 
     /// Removes entry `index`, moving the last one into its place.
     pub(super) fn swap_remove(&mut self, index: usize) -> Running<M> {
         self.stale = true;
-        self.list.swap_remove(index)
+        *self.list.swap_remove(index)
     }
 
     /// Sorts by `key` unless already sorted (a sort moves entries only when
     /// the order was wrong, so a sorted list keeps its index).
-    pub(super) fn sort_by_key<K: Ord>(&mut self, key: impl FnMut(&Running<M>) -> K + Copy) {
-        if !self.list.is_sorted_by_key(key) {
-            self.list.sort_by_key(key);
+    pub(super) fn sort_by_key<K: Ord>(&mut self, mut key: impl FnMut(&Running<M>) -> K + Copy) {
+        if !self.list.is_sorted_by_key(|running| key(running)) {
+            self.list.sort_by_key(|running| key(running));
             self.stale = true;
         }
     }
 
-    pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Running<M>> {
+    pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Box<Running<M>>> {
         self.list.iter_mut()
     }
 
@@ -93,14 +97,14 @@ impl<M> RunningSet<M> {
 }
 
 impl<M> Deref for RunningSet<M> {
-    type Target = [Running<M>];
+    type Target = [Box<Running<M>>];
 
-    fn deref(&self) -> &[Running<M>] {
+    fn deref(&self) -> &[Box<Running<M>>] {
         &self.list
     }
 }
 
-impl<M, I: SliceIndex<[Running<M>]>> Index<I> for RunningSet<M> {
+impl<M, I: SliceIndex<[Box<Running<M>>]>> Index<I> for RunningSet<M> {
     type Output = I::Output;
 
     fn index(&self, index: I) -> &I::Output {
@@ -109,8 +113,8 @@ impl<M, I: SliceIndex<[Running<M>]>> Index<I> for RunningSet<M> {
 }
 
 impl<'a, M> IntoIterator for &'a RunningSet<M> {
-    type Item = &'a Running<M>;
-    type IntoIter = std::slice::Iter<'a, Running<M>>;
+    type Item = &'a Box<Running<M>>;
+    type IntoIter = std::slice::Iter<'a, Box<Running<M>>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.list.iter()
@@ -121,7 +125,7 @@ impl<'a, M> IntoIterator for &'a RunningSet<M> {
 /// change its state, never its id (an entry is replaced only through the
 /// methods above).
 impl<M> IndexMut<usize> for RunningSet<M> {
-    fn index_mut(&mut self, index: usize) -> &mut Running<M> {
+    fn index_mut(&mut self, index: usize) -> &mut Box<Running<M>> {
         &mut self.list[index]
     }
 }
