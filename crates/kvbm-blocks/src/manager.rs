@@ -9,8 +9,8 @@ use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock};
 use crate::pool::Shared;
 use crate::sync::Arc;
 use crate::{
-    BlockError, BlockId, BlockManagerBuilder, CompleteBlock, DuplicatePolicy, EventSubscription,
-    EvictionPolicy, PoolAudit, PoolMetrics, Rejected, SequenceHash,
+    BlockError, BlockId, BlockInfo, BlockManagerBuilder, CompleteBlock, DuplicatePolicy,
+    EventSubscription, EvictionPolicy, PoolAudit, PoolMetrics, Rejected, SequenceHash,
 };
 
 /// A pool of KV blocks with a prefix cache, for one storage tier `M`.
@@ -184,32 +184,92 @@ impl<M> BlockManager<M> {
         mut blocks: Vec<CompleteBlock<M>>,
         tokens: &[u32],
     ) -> Result<ImmutableBlocks<M>, Rejected<Vec<CompleteBlock<M>>>> {
+        let mut infos = Vec::with_capacity(blocks.len());
+        match self.register_into(&mut blocks, tokens, &mut infos) {
+            Ok(()) => Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos)),
+            Err(error) => Err(Rejected::new(error, blocks)),
+        }
+    }
+
+    /// Like [`register_blocks_with_tokens`](Self::register_blocks_with_tokens),
+    /// but the registered blocks are appended to `table` (a request's block
+    /// table: no new batch, no copy into it) and `blocks` is left empty with
+    /// its buffer kept for the next batch. Returns how many were registered.
+    /// An empty `table` takes blocks of any manager.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).block_size(2).build()?;
+    /// let root = SequenceHash::root(7);
+    /// let mut table = ImmutableBlocks::new();
+    /// table.reserve(4); // the table grows once, not per batch
+    /// let mut free = manager.allocate_blocks(2)?.into_iter();
+    /// let mut staged = vec![free.next().unwrap().stage(root, 2)?];
+    /// assert_eq!(manager.register_blocks_onto(&mut table, &mut staged, &[1, 2])?, 1);
+    /// staged.push(free.next().unwrap().stage(root.child(9), 2)?);
+    /// assert_eq!(manager.register_blocks_onto(&mut table, &mut staged, &[])?, 1);
+    /// assert!(staged.is_empty());
+    /// assert_eq!(table.len(), 2);
+    /// assert!(table.capacity() >= 4);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`register_blocks_with_tokens`](Self::register_blocks_with_tokens),
+    /// and [`BlockError::ForeignManager`] if `table` holds another manager's
+    /// blocks. Nothing changes on an error: every block stays in `blocks`.
+    pub fn register_blocks_onto(
+        &self,
+        table: &mut ImmutableBlocks<M>,
+        blocks: &mut Vec<CompleteBlock<M>>,
+        tokens: &[u32],
+    ) -> Result<usize, BlockError> {
+        let count = blocks.len();
+        let infos = table
+            .refs_for(&self.shared)
+            .ok_or(BlockError::ForeignManager)?;
+        self.register_into(blocks, tokens, infos)?;
+        Ok(count)
+    }
+
+    /// Registers every block of `blocks` under one lock, appending each
+    /// registered block's reference to `infos` and emptying `blocks`; on an
+    /// error nothing changes.
+    fn register_into(
+        &self,
+        blocks: &mut Vec<CompleteBlock<M>>,
+        tokens: &[u32],
+        infos: &mut Vec<BlockInfo>,
+    ) -> Result<(), BlockError> {
         if !blocks.iter().all(|block| self.owns(block.lease.shared())) {
-            return Err(Rejected::new(BlockError::ForeignManager, blocks));
+            return Err(BlockError::ForeignManager);
         }
         let block_size = self.shared.block_size;
         let expected = blocks.len().saturating_mul(block_size);
         if !tokens.is_empty() && tokens.len() != expected {
-            let error = BlockError::TokenCountMismatch {
+            return Err(BlockError::TokenCountMismatch {
                 expected,
                 actual: tokens.len(),
-            };
-            return Err(Rejected::new(error, blocks));
+            });
         }
-        let mut infos = Vec::with_capacity(blocks.len());
+        infos.reserve(blocks.len());
         {
             let mut pool = self.shared.lock();
             pool.expect_registration(blocks.len(), tokens.len());
             let mut chunks = tokens.chunks_exact(block_size);
-            for block in &mut blocks {
+            for block in blocks.iter_mut() {
                 let tokens = chunks.next().unwrap_or_default();
                 infos.push(pool.register(block.block_id(), block.sequence_hash(), tokens));
                 block.lease.disarm();
             }
             pool.flush_if_full();
         }
-        trace!(count = infos.len(), "registered");
-        Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
+        trace!(count = blocks.len(), "registered");
+        // Disarmed: dropping them gives nothing back.
+        blocks.clear();
+        Ok(())
     }
 
     /// Allocates a block for each of `hashes` and registers it under that

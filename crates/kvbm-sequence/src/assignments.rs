@@ -310,20 +310,21 @@ impl<M> LogicalBlockAssignments<M> {
         let tokens = (sequence.tokens())
             .get(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
             .unwrap_or_default();
-        let staged = std::mem::take(&mut self.staged);
-        let registered = match manager.register_blocks_with_tokens(staged, tokens) {
-            Ok(registered) => registered,
-            Err(rejected) => {
-                let (error, staged) = rejected.into_parts();
-                self.staged = staged;
-                return Err(error.into());
-            }
-        };
-        let count = registered.len();
-        // Cannot fail: checked above that the assigned blocks are the
-        // manager's (or none).
-        self.append_assigned(registered)?;
-        Ok(count)
+        let incoming = self.staged.len();
+        if self.assigned.len() + incoming > self.assigned.capacity() {
+            // Grows once, to every block the sequence has room for (the
+            // rest of its prompt and the generation reserved for), rather
+            // than doubling, and copying the table, batch after batch.
+            let room = (sequence.block_capacity())
+                .saturating_sub(self.skipped)
+                .saturating_sub(self.assigned.len());
+            self.assigned.reserve(room.max(incoming));
+        }
+        // Registered straight onto the table; the staged buffer is kept.
+        // Checked above that the assigned blocks are the manager's (or
+        // none), so an error is the staged blocks', which stay staged.
+        manager.register_blocks_onto(&mut self.assigned, &mut self.staged, tokens)?;
+        Ok(incoming)
     }
 
     /// Removes the most recently added unassigned block (LIFO), for the

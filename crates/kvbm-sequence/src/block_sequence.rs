@@ -212,6 +212,13 @@ impl BlockSequence {
         self.hashes.len()
     }
 
+    /// Full blocks the sequence has room for before it grows: its tokens so
+    /// far and the generation its builder reserved room for. A block table
+    /// that grows with the sequence can be sized to it once.
+    pub fn block_capacity(&self) -> usize {
+        self.hashes.capacity()
+    }
+
     /// The hashes of the full blocks, in order: what
     /// [`BlockManager::match_blocks`](kvbm_blocks::BlockManager::match_blocks) takes.
     pub fn sequence_hashes(&self) -> &[SequenceHash] {

@@ -125,6 +125,31 @@ impl<M> ImmutableBlocks<M> {
         Ok(())
     }
 
+    /// Blocks the batch can hold before its buffer grows.
+    pub fn capacity(&self) -> usize {
+        self.blocks.capacity()
+    }
+
+    /// Makes room for at least `additional` more blocks, so that a block
+    /// table about to grow grows once, to the size its caller expects,
+    /// instead of doubling (and copying) as blocks arrive.
+    pub fn reserve(&mut self, additional: usize) {
+        self.blocks.reserve(additional);
+    }
+
+    /// The buffer to append references taken in `shared`'s pool to,
+    /// attaching an empty batch to that pool (an emptied batch holds
+    /// nothing of its old one); `None` if the batch holds another pool's
+    /// blocks.
+    pub(crate) fn refs_for(&mut self, shared: &Arc<Shared>) -> Option<&mut Vec<BlockInfo>> {
+        match &self.shared {
+            Some(own) if Arc::ptr_eq(own, shared) => {}
+            _ if self.blocks.is_empty() => self.shared = Some(shared.clone()),
+            _ => return None,
+        }
+        Some(&mut self.blocks)
+    }
+
     /// Removes the last block as a single handle (no reference changes hands).
     pub fn pop(&mut self) -> Option<ImmutableBlock<M>> {
         let info = self.blocks.pop()?;
