@@ -9,8 +9,12 @@ use super::{FinishReason, InferenceRequest, Parked, Preemption, Scheduler, StepP
 use crate::{Admitted, Request, Selection};
 
 /// Generated tokens a new sequence has room for before its token buffer
-/// grows (at most this many, however many it may generate).
-const GENERATION_HEADROOM: usize = 512;
+/// grows (at most this many, however many it may generate). Growing copies
+/// the whole prompt, so the room is sized for most chat outputs (on the
+/// conversation trace 99% of requests generate at most 1,120 tokens, the
+/// longest 2,000; with room for 512, 39% of requests copied their prompt):
+/// 8 KiB of tokens and 128 block slots per request, whatever it generates.
+const GENERATION_HEADROOM: usize = 2048;
 
 impl<M> Scheduler<M> {
     /// Admits waiting requests in queue order while slots, tokens and blocks
