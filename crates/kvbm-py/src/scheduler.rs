@@ -338,7 +338,7 @@ impl Scheduler {
         state
             .scheduler
             .tokens(RequestId(request_id.0))
-            .map(<[u32]>::to_vec)
+            .map(|tokens| tokens.to_vec())
     }
 
     /// Where every request is, and the lifetime counters, as a dict

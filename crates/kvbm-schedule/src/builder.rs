@@ -4,7 +4,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use kvbm_sequence::{RequestSequence, Salt};
+use kvbm_sequence::{PromptTokens, RequestSequence, Salt};
 
 use crate::{HistoryPolicy, SchedulableSequence, ScheduleError};
 
@@ -29,7 +29,7 @@ use crate::{HistoryPolicy, SchedulableSequence, ScheduleError};
 /// # Ok::<(), kvbm_schedule::ScheduleError>(())
 /// ```
 pub struct SchedulableSequenceBuilder<M> {
-    tokens: Vec<u32>,
+    tokens: PromptTokens,
     max_output_tokens: usize,
     block_size: usize,
     salt: Salt,
@@ -38,7 +38,7 @@ pub struct SchedulableSequenceBuilder<M> {
 }
 
 impl<M> SchedulableSequenceBuilder<M> {
-    pub(crate) fn new(tokens: Vec<u32>, max_output_tokens: usize, block_size: usize) -> Self {
+    pub(crate) fn new(tokens: PromptTokens, max_output_tokens: usize, block_size: usize) -> Self {
         Self {
             tokens,
             max_output_tokens,
@@ -72,7 +72,7 @@ impl<M> SchedulableSequenceBuilder<M> {
     ///
     /// [`ZeroBlockSize`]: kvbm_sequence::SequenceError::ZeroBlockSize
     pub fn build(self) -> Result<SchedulableSequence<M>, ScheduleError> {
-        let inner = RequestSequence::with_salt(
+        let inner = RequestSequence::from_prompt(
             self.tokens,
             self.max_output_tokens,
             self.block_size,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kvbm_blocks::{BlockId, BlockManager, SequenceHash};
-use kvbm_sequence::{AttentionKind, KvCacheGroups, RequestSequence, Salt};
+use kvbm_sequence::{AttentionKind, KvCacheGroups, PromptTokens, RequestSequence, Salt, Tokens};
 
 use crate::{ApplyError, DecodeOutcome, HistoryPolicy, SchedulableSequence, ScheduleError};
 
@@ -100,12 +100,29 @@ impl<M> GroupedSequence<M> {
         groups: Arc<KvCacheGroups>,
         salt: Salt,
     ) -> Result<Self, ScheduleError> {
+        Self::from_prompt(tokens.into(), max_output_tokens, groups, salt)
+    }
+
+    /// As [`with_salt`](Self::with_salt), from a prompt the groups take
+    /// over or share with its other holders ([`PromptTokens`]). Either way
+    /// the groups share the prompt's full blocks: each keeps only its
+    /// partial last block and what it generates.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulableSequence::new`].
+    pub fn from_prompt(
+        prompt: PromptTokens,
+        max_output_tokens: usize,
+        groups: Arc<KvCacheGroups>,
+        salt: Salt,
+    ) -> Result<Self, ScheduleError> {
         // Each block's tokens are hashed once for every group (only the
-        // chaining differs per group salt), and every group's token buffer
-        // keeps the capacity the caller reserved for the generation.
+        // chaining differs per group salt), and every group keeps the room
+        // the caller reserved for the generation.
         let salts: Vec<Salt> = (0..groups.len()).map(|g| salt.for_group(g)).collect();
         let sequences =
-            RequestSequence::with_salts(tokens, max_output_tokens, groups.block_size(), &salts)?
+            RequestSequence::with_salts(prompt, max_output_tokens, groups.block_size(), &salts)?
                 .into_iter()
                 .map(|inner| SchedulableSequence::from_inner(inner, HistoryPolicy::Off))
                 .collect();
@@ -159,7 +176,7 @@ impl<M> GroupedSequence<M> {
     }
 
     /// Every token, input then generated.
-    pub fn tokens(&self) -> &[u32] {
+    pub fn tokens(&self) -> Tokens<'_> {
         self.lead().tokens()
     }
 

@@ -78,7 +78,7 @@
 //! assert_eq!((first.kv_position(), first.assigned_blocks()), (7, 1));
 //!
 //! // Another request with the same 8 tokens sees only block 0 ...
-//! let mut other = SchedulableSequence::<Gpu>::new([&first.tokens()[..], &[7, 7]].concat(), 8, 4)?;
+//! let mut other = SchedulableSequence::<Gpu>::new([first.tokens().to_vec(), vec![7, 7]].concat(), 8, 4)?;
 //! assert_eq!(other.match_and_add_prefix(&manager)?, 1);
 //!
 //! // ... until the decode step that computes the KV of 100.

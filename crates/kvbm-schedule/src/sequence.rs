@@ -5,7 +5,7 @@
 use std::fmt;
 
 use kvbm_blocks::{BlockError, BlockId, BlockManager};
-use kvbm_sequence::{HashedPrompt, RequestSequence, Salt, SequenceError};
+use kvbm_sequence::{HashedPrompt, PromptTokens, RequestSequence, Salt, SequenceError, Tokens};
 
 use crate::{
     ApplyError, EventLog, HistoryPolicy, SchedulableSequenceBuilder, ScheduleError, SequenceEvent,
@@ -84,7 +84,18 @@ impl<M> SchedulableSequence<M> {
         max_output_tokens: usize,
         block_size: usize,
     ) -> SchedulableSequenceBuilder<M> {
-        SchedulableSequenceBuilder::new(tokens, max_output_tokens, block_size)
+        SchedulableSequenceBuilder::new(tokens.into(), max_output_tokens, block_size)
+    }
+
+    /// As [`builder`](Self::builder), from a prompt the sequence takes over
+    /// or shares with its other holders ([`PromptTokens`]): a scheduler
+    /// shares the request's prompt instead of copying it.
+    pub fn builder_from_prompt(
+        prompt: PromptTokens,
+        max_output_tokens: usize,
+        block_size: usize,
+    ) -> SchedulableSequenceBuilder<M> {
+        SchedulableSequenceBuilder::new(prompt, max_output_tokens, block_size)
     }
 
     /// A sequence of `prompt`, under its salt and block size, that takes
@@ -255,7 +266,7 @@ impl<M> SchedulableSequence<M> {
     }
 
     /// Every token, input then generated.
-    pub fn tokens(&self) -> &[u32] {
+    pub fn tokens(&self) -> Tokens<'_> {
         self.inner.tokens()
     }
 

@@ -307,8 +307,11 @@ impl<M> LogicalBlockAssignments<M> {
         }
         let block_size = sequence.block_size();
         let first = self.assigned_end().saturating_mul(block_size);
+        // Borrowed in place (copied only for a batch straddling a shared
+        // prompt and the sequence's own tokens, as a prefill after a
+        // preemption may).
         let tokens = (sequence.tokens())
-            .get(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
+            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
             .unwrap_or_default();
         let incoming = self.staged.len();
         if self.assigned.len() + incoming > self.assigned.capacity() {
@@ -323,7 +326,7 @@ impl<M> LogicalBlockAssignments<M> {
         // Registered straight onto the table; the staged buffer is kept.
         // Checked above that the assigned blocks are the manager's (or
         // none), so an error is the staged blocks', which stay staged.
-        manager.register_blocks_onto(&mut self.assigned, &mut self.staged, tokens)?;
+        manager.register_blocks_onto(&mut self.assigned, &mut self.staged, &tokens)?;
         Ok(incoming)
     }
 

@@ -3,10 +3,12 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 use kvbm_blocks::SequenceHash;
 
-use crate::{HashedPrompt, Salt, SequenceError};
+use crate::tokens::Source;
+use crate::{HashedPrompt, PromptTokens, Salt, SequenceError, Tokens};
 
 /// The tokens of one request, split into full blocks of `block_size` tokens
 /// plus a partial tail, with one [`SequenceHash`] per full block.
@@ -21,6 +23,13 @@ use crate::{HashedPrompt, Salt, SequenceError};
 /// Appending reports when a block completes; [`truncate`](Self::truncate)
 /// rolls back to any earlier length (speculative decoding) in O(removed
 /// blocks), without rehashing anything that stays.
+///
+/// A sequence built from a shared prompt ([`PromptTokens::shared`],
+/// [`from_hashed`](Self::from_hashed)) reads the prompt's full blocks where
+/// they are and keeps only the rest (the partial last block and what is
+/// generated) in a buffer of its own, so a request, its sequences and its
+/// router keys hold one copy of a prompt; [`tokens`](Self::tokens) reads
+/// the two pieces as one list.
 ///
 /// ```
 /// use kvbm_sequence::BlockSequence;
@@ -40,10 +49,16 @@ use crate::{HashedPrompt, Salt, SequenceError};
 /// assert_eq!(seq.sequence_hashes()[2], third);
 /// # Ok::<(), kvbm_sequence::SequenceError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct BlockSequence {
-    tokens: Vec<u32>,
-    /// One per full block; `hashes.len() == tokens.len() / block_size`.
+    /// A shared prompt whose first `head_len` tokens (whole blocks) are the
+    /// sequence's first tokens, read in place.
+    head: Option<Arc<[u32]>>,
+    /// A multiple of `block_size`, at most `head`'s length.
+    head_len: usize,
+    /// Every token from `head_len` on: the sequence's own.
+    tail: Vec<u32>,
+    /// One per full block; `hashes.len() == total_tokens() / block_size`.
     hashes: Vec<SequenceHash>,
     block_size: usize,
     salt: Salt,
@@ -70,19 +85,50 @@ impl BlockSequence {
         block_size: usize,
         salt: Salt,
     ) -> Result<Self, SequenceError> {
+        Self::from_prompt(tokens.into(), block_size, salt)
+    }
+
+    /// Like [`with_salt`](Self::with_salt), from a prompt the sequence
+    /// takes over or shares ([`PromptTokens`]).
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
+    pub fn from_prompt(
+        prompt: PromptTokens,
+        block_size: usize,
+        salt: Salt,
+    ) -> Result<Self, SequenceError> {
         if block_size == 0 {
             return Err(SequenceError::ZeroBlockSize);
         }
-        let mut sequence = Self {
-            // Room for the blocks the caller reserved token capacity for
-            // (a prompt built with room for its generation).
-            hashes: Vec::with_capacity(tokens.capacity() / block_size),
-            tokens,
-            block_size,
-            salt,
-        };
+        let mut sequence = Self::unhashed(prompt, block_size, salt);
         sequence.hash_new_blocks();
         Ok(sequence)
+    }
+
+    /// The sequence of `prompt` with no hash computed yet, with room for
+    /// the blocks of the generation the caller reserved room for (a
+    /// prompt buffer's spare capacity, or a shared prompt's headroom).
+    fn unhashed(prompt: PromptTokens, block_size: usize, salt: Salt) -> Self {
+        let (head, head_len, tail) = match prompt.0 {
+            Source::Owned(tokens) => (None, 0, tokens),
+            Source::Shared { prompt, headroom } => {
+                let head_len = prompt.len() / block_size * block_size;
+                let rest = prompt.get(head_len..).unwrap_or_default();
+                let mut tail = Vec::with_capacity(rest.len().saturating_add(headroom));
+                tail.extend_from_slice(rest);
+                (Some(prompt), head_len, tail)
+            }
+        };
+        Self {
+            hashes: Vec::with_capacity(head_len.saturating_add(tail.capacity()) / block_size),
+            head,
+            head_len,
+            tail,
+            block_size,
+            salt,
+        }
     }
 
     /// One sequence of `tokens` per salt of `salts`, in order, each hashed
@@ -93,9 +139,10 @@ impl BlockSequence {
     /// done per salt. This is how the layer groups of one request, each
     /// under its own salt ([`Salt::for_group`]), hash one prompt.
     ///
-    /// The first sequence takes `tokens`; the others get copies with the
-    /// same capacity (room for the generation the caller reserved). No
-    /// salts, no sequences.
+    /// The sequences share the prompt's full blocks (a prompt given as a
+    /// buffer is moved into one shared prompt first, when there are two
+    /// sequences or more); each keeps its own partial block, with the room
+    /// for the generation the caller reserved. No salts, no sequences.
     ///
     /// ```
     /// use kvbm_sequence::{BlockSequence, Salt};
@@ -115,7 +162,7 @@ impl BlockSequence {
     ///
     /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
     pub fn with_salts(
-        tokens: Vec<u32>,
+        tokens: impl Into<PromptTokens>,
         block_size: usize,
         salts: &[Salt],
     ) -> Result<Vec<Self>, SequenceError> {
@@ -125,26 +172,23 @@ impl BlockSequence {
         let Some((&first, rest)) = salts.split_first() else {
             return Ok(Vec::new());
         };
-        let capacity = tokens.capacity();
-        let empty = |salt| Self {
-            tokens: Vec::new(),
-            hashes: Vec::with_capacity(capacity / block_size),
-            block_size,
-            salt,
+        let prompt = match tokens.into() {
+            PromptTokens(Source::Owned(tokens)) if !rest.is_empty() => {
+                let headroom = tokens.capacity() - tokens.len();
+                PromptTokens::shared(tokens.into(), headroom)
+            }
+            prompt => prompt,
         };
-        let mut sequences: Vec<Self> = salts.iter().map(|&salt| empty(salt)).collect();
+        let mut sequences: Vec<Self> = (salts.iter())
+            .map(|&salt| Self::unhashed(prompt.clone(), block_size, salt))
+            .collect();
         if rest.iter().all(|salt| first.shares_block_hash(*salt)) {
-            chain_blocks_shared(&mut sequences, &tokens);
+            chain_blocks_shared(&mut sequences);
         } else {
             for sequence in &mut sequences {
-                chain_blocks(&mut sequence.hashes, sequence.salt, &tokens, block_size);
+                sequence.hash_new_blocks();
             }
         }
-        for sequence in &mut sequences[1..] {
-            sequence.tokens.reserve_exact(capacity);
-            sequence.tokens.extend_from_slice(&tokens);
-        }
-        sequences[0].tokens = tokens;
         Ok(sequences)
     }
 
@@ -153,18 +197,10 @@ impl BlockSequence {
     /// buffer grows (room for the generation, so the first sampled tokens
     /// do not copy the prompt to a larger buffer).
     pub fn from_hashed(prompt: &HashedPrompt, headroom: usize) -> Self {
-        let block_size = prompt.block_size();
-        let capacity = prompt.tokens().len().saturating_add(headroom);
-        let mut tokens = Vec::with_capacity(capacity);
-        tokens.extend_from_slice(prompt.tokens());
-        let mut hashes = Vec::with_capacity(capacity / block_size);
-        hashes.extend_from_slice(prompt.hashes());
-        Self {
-            tokens,
-            hashes,
-            block_size,
-            salt: prompt.salt(),
-        }
+        let shared = PromptTokens::shared(prompt.shared_tokens().clone(), headroom);
+        let mut sequence = Self::unhashed(shared, prompt.block_size(), prompt.salt());
+        sequence.hashes.extend_from_slice(prompt.hashes());
+        sequence
     }
 
     /// The hashes of the full blocks of `tokens`, as a sequence of them
@@ -192,19 +228,27 @@ impl BlockSequence {
         self.salt
     }
 
-    /// Every token, in order.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+    /// Every token, in order (the shared prompt's blocks, then the
+    /// sequence's own tokens; see [`Tokens`]).
+    pub fn tokens(&self) -> Tokens<'_> {
+        Tokens::new(self.head(), &self.tail)
+    }
+
+    /// The shared prompt's part of the tokens.
+    fn head(&self) -> &[u32] {
+        (self.head.as_deref())
+            .and_then(|head| head.get(..self.head_len))
+            .unwrap_or_default()
     }
 
     /// Number of tokens, full blocks and partial tail together.
     pub fn total_tokens(&self) -> usize {
-        self.tokens.len()
+        self.head_len + self.tail.len()
     }
 
     /// Whether the sequence has no tokens.
     pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
+        self.total_tokens() == 0
     }
 
     /// Number of full blocks.
@@ -225,30 +269,41 @@ impl BlockSequence {
         &self.hashes
     }
 
-    /// The tokens of full block `index`, if there is such a block.
+    /// The tokens of full block `index`, if there is such a block (a block
+    /// lies wholly in the shared prompt or wholly in the sequence's own
+    /// tokens, since the prompt's part is whole blocks).
     pub fn block_tokens(&self, index: usize) -> Option<&[u32]> {
         if index >= self.hashes.len() {
             return None;
         }
         let start = index * self.block_size;
-        self.tokens.get(start..start + self.block_size)
+        match start.checked_sub(self.head_len) {
+            None => self.head().get(start..start + self.block_size),
+            Some(at) => self.tail.get(at..at + self.block_size),
+        }
     }
 
     /// The tokens after the last full block (fewer than `block_size`).
     pub fn partial_tokens(&self) -> &[u32] {
         let full = self.hashes.len() * self.block_size;
-        self.tokens.get(full..).unwrap_or_default()
+        // The prompt's part is whole, hashed blocks: `full >= head_len`.
+        (self.tail)
+            .get(full.saturating_sub(self.head_len)..)
+            .unwrap_or_default()
     }
 
     /// Appends one token; returns the index of the block it completed, if any.
     pub fn append(&mut self, token: u32) -> Option<usize> {
-        self.tokens.push(token);
+        self.tail.push(token);
         let index = self.hashes.len();
         let start = index * self.block_size;
-        if self.tokens.len() - start < self.block_size {
+        if self.total_tokens() - start < self.block_size {
             return None;
         }
-        let hash = self.next_hash(&self.tokens[start..]);
+        let own = (self.tail)
+            .get(start.saturating_sub(self.head_len)..)
+            .unwrap_or_default();
+        let hash = chain(self.hashes.last().copied(), self.salt, own);
         self.hashes.push(hash);
         Some(index)
     }
@@ -257,7 +312,7 @@ impl BlockSequence {
     /// (empty when none did).
     pub fn extend(&mut self, tokens: &[u32]) -> Range<usize> {
         let first = self.hashes.len();
-        self.tokens.extend_from_slice(tokens);
+        self.tail.extend_from_slice(tokens);
         self.hash_new_blocks();
         first..self.hashes.len()
     }
@@ -270,35 +325,64 @@ impl BlockSequence {
     /// [`SequenceError::TruncateOutOfRange`] if `len` exceeds the current
     /// length (the sequence is unchanged).
     pub fn truncate(&mut self, len: usize) -> Result<(), SequenceError> {
-        if len > self.tokens.len() {
+        let total = self.total_tokens();
+        if len > total {
             return Err(SequenceError::TruncateOutOfRange {
                 len,
                 min: 0,
-                max: self.tokens.len(),
+                max: total,
             });
         }
-        self.tokens.truncate(len);
+        match len.checked_sub(self.head_len) {
+            Some(own) => self.tail.truncate(own),
+            None => {
+                // Into the shared prompt: its whole blocks below `len` stay
+                // shared, the partial block's tokens become the sequence's.
+                let kept = len / self.block_size * self.block_size;
+                let partial = self.head().get(kept..len).unwrap_or_default().to_vec();
+                self.tail.clear();
+                self.tail.extend_from_slice(&partial);
+                self.head_len = kept;
+            }
+        }
         self.hashes.truncate(len / self.block_size);
         Ok(())
     }
 
-    /// Hashes every full block past the last hashed one.
+    /// Hashes every full block past the last hashed one. The shared
+    /// prompt's blocks are hashed when the sequence is built, so the new
+    /// ones are the sequence's own.
     fn hash_new_blocks(&mut self) {
         let hashed = self.hashes.len();
-        let full = self.tokens.len() / self.block_size;
+        let full = self.total_tokens() / self.block_size;
         if full <= hashed {
             return;
         }
         self.hashes.reserve(full - hashed);
-        let pending = &self.tokens[hashed * self.block_size..full * self.block_size];
+        let start = hashed * self.block_size;
+        if let Some(head) = self.head.as_deref()
+            && start < self.head_len
+        {
+            let pending = head.get(start..self.head_len).unwrap_or_default();
+            chain_blocks(&mut self.hashes, self.salt, pending, self.block_size);
+        }
+        let own = start.saturating_sub(self.head_len)..full * self.block_size - self.head_len;
+        let pending = self.tail.get(own).unwrap_or_default();
         chain_blocks(&mut self.hashes, self.salt, pending, self.block_size);
     }
+}
 
-    /// The hash of the block after the last hashed one, holding `tokens`.
-    fn next_hash(&self, tokens: &[u32]) -> SequenceHash {
-        chain(self.hashes.last().copied(), self.salt, tokens)
+impl PartialEq for BlockSequence {
+    /// The same tokens, blocks, hashes and salt, wherever the tokens are kept.
+    fn eq(&self, other: &Self) -> bool {
+        self.block_size == other.block_size
+            && self.salt == other.salt
+            && self.hashes == other.hashes
+            && self.tokens() == other.tokens()
     }
 }
+
+impl Eq for BlockSequence {}
 
 /// Appends to `hashes` the hashes of the full blocks of `tokens`, chained
 /// onto the last hash in `hashes` (or first, under `salt`).
@@ -314,20 +398,30 @@ fn chain_blocks(hashes: &mut Vec<SequenceHash>, salt: Salt, tokens: &[u32], bloc
     }
 }
 
-/// Hashes the full blocks of `tokens` into every (empty) sequence of
-/// `sequences`, each block's tokens once (the sequences' salts share a
-/// block hash function) and its chaining under each sequence's salt.
-fn chain_blocks_shared(sequences: &mut [BlockSequence], tokens: &[u32]) {
+/// Hashes the full blocks of every (unhashed) sequence of `sequences`,
+/// built from one shared prompt: each prompt block's tokens once (the
+/// sequences' salts share a block hash function), its chaining under each
+/// sequence's salt; then any full block of a sequence's own tokens.
+fn chain_blocks_shared(sequences: &mut [BlockSequence]) {
     let Some(lead) = sequences.first() else {
         return;
     };
     let (hasher, block_size) = (lead.salt, lead.block_size);
-    for block in tokens.chunks_exact(block_size) {
+    // A handle of its own on the prompt, out of the way of the sequences'
+    // hashes written below.
+    let (head, head_len) = (lead.head.clone(), lead.head_len);
+    let prompt = (head.as_deref())
+        .and_then(|head| head.get(..head_len))
+        .unwrap_or_default();
+    for block in prompt.chunks_exact(block_size) {
         let content = hasher.block_hash(block);
         for sequence in sequences.iter_mut() {
             let hash = chain_content(sequence.hashes.last().copied(), sequence.salt, content);
             sequence.hashes.push(hash);
         }
+    }
+    for sequence in sequences.iter_mut() {
+        sequence.hash_new_blocks();
     }
 }
 
@@ -354,7 +448,7 @@ fn chain_content(previous: Option<SequenceHash>, salt: Salt, content: u128) -> S
 impl fmt::Debug for BlockSequence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BlockSequence")
-            .field("total_tokens", &self.tokens.len())
+            .field("total_tokens", &self.total_tokens())
             .field("num_blocks", &self.hashes.len())
             .field("block_size", &self.block_size)
             .field("salt", &self.salt)

@@ -69,6 +69,7 @@ mod hashed_prompt;
 mod request;
 #[cfg(test)]
 mod test_support;
+mod tokens;
 
 pub use assignments::LogicalBlockAssignments;
 pub use block_sequence::BlockSequence;
@@ -77,6 +78,7 @@ pub use groups::{AttentionKind, GroupError, KvCacheGroup, KvCacheGroups};
 pub use hash::{HashKey, Salt, block_hash, chain_hash};
 pub use hashed_prompt::HashedPrompt;
 pub use request::RequestSequence;
+pub use tokens::{PromptTokens, Tokens};
 
 /// The README's examples, run as doctests (the item exists only then).
 #[cfg(doctest)]

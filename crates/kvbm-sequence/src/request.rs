@@ -7,7 +7,9 @@ use std::ops::Range;
 use kvbm_blocks::{BlockId, BlockManager, ImmutableBlocks, MutableBlock};
 use tracing::{debug, instrument};
 
-use crate::{BlockSequence, HashedPrompt, LogicalBlockAssignments, Salt, SequenceError};
+use crate::{
+    BlockSequence, HashedPrompt, LogicalBlockAssignments, PromptTokens, Salt, SequenceError, Tokens,
+};
 
 /// A request's tokens ([`BlockSequence`]) together with the blocks that back
 /// them ([`LogicalBlockAssignments`]), with no scheduling policy of its own:
@@ -214,7 +216,22 @@ impl<M> RequestSequence<M> {
         block_size: usize,
         salt: Salt,
     ) -> Result<Self, SequenceError> {
-        let sequence = BlockSequence::with_salt(tokens, block_size, salt)?;
+        Self::from_prompt(tokens.into(), max_output_tokens, block_size, salt)
+    }
+
+    /// Like [`with_salt`](Self::with_salt), from a prompt the sequence
+    /// takes over or shares with its other holders ([`PromptTokens`]).
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
+    pub fn from_prompt(
+        prompt: PromptTokens,
+        max_output_tokens: usize,
+        block_size: usize,
+        salt: Salt,
+    ) -> Result<Self, SequenceError> {
+        let sequence = BlockSequence::from_prompt(prompt, block_size, salt)?;
         Ok(Self::from_sequence(sequence, max_output_tokens))
     }
 
@@ -227,7 +244,7 @@ impl<M> RequestSequence<M> {
     ///
     /// [`SequenceError::ZeroBlockSize`] if `block_size` is 0.
     pub fn with_salts(
-        tokens: Vec<u32>,
+        tokens: impl Into<PromptTokens>,
         max_output_tokens: usize,
         block_size: usize,
         salts: &[Salt],
@@ -727,7 +744,7 @@ impl<M> RequestSequence<M> {
     }
 
     /// Every token, input then generated.
-    pub fn tokens(&self) -> &[u32] {
+    pub fn tokens(&self) -> Tokens<'_> {
         self.sequence.tokens()
     }
 

@@ -183,7 +183,10 @@ fn register_blocks_onto_appends_to_the_table_and_a_refusal_changes_nothing() {
 
     // Tokens of the wrong length: refused, both sides as they were.
     let error = (manager.register_blocks_onto(&mut table, &mut staged, &[1, 2, 3])).unwrap_err();
-    assert!(matches!(error, kvbm_blocks::BlockError::TokenCountMismatch { .. }));
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::TokenCountMismatch { .. }
+    ));
     assert_eq!((table.len(), staged.len()), (2, 2));
     // Another manager's table: refused the same way.
     let mut foreign = register(&other, &chain(9, 1));
@@ -191,9 +194,15 @@ fn register_blocks_onto_appends_to_the_table_and_a_refusal_changes_nothing() {
     assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
     assert_eq!((foreign.len(), staged.len()), (1, 2));
     let a = audit(&manager);
-    assert_eq!((a.active_blocks, a.held_blocks, a.registered_hashes), (2, 2, 2));
+    assert_eq!(
+        (a.active_blocks, a.held_blocks, a.registered_hashes),
+        (2, 2, 2)
+    );
 
-    assert_eq!(manager.register_blocks_onto(&mut table, &mut staged, &[]), Ok(2));
+    assert_eq!(
+        manager.register_blocks_onto(&mut table, &mut staged, &[]),
+        Ok(2)
+    );
     assert!(staged.is_empty());
     assert_eq!(ids(&table), [0, 1, 2, 3]);
     assert_eq!(manager.match_blocks(&hashes).len(), 4);
@@ -201,7 +210,10 @@ fn register_blocks_onto_appends_to_the_table_and_a_refusal_changes_nothing() {
     // An emptied table attached to another manager takes this one's blocks.
     foreign.clear();
     let mut more = crate::stage(&manager, &chain(5, 1));
-    assert_eq!(manager.register_blocks_onto(&mut foreign, &mut more, &[]), Ok(1));
+    assert_eq!(
+        manager.register_blocks_onto(&mut foreign, &mut more, &[]),
+        Ok(1)
+    );
     assert!(foreign.belongs_to(&manager));
     drop((table, foreign));
     let a = audit(&manager);

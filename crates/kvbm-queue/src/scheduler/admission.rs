@@ -1,6 +1,7 @@
 //! Admission: waiting requests become running ones, in queue order, within the step's limits.
 
 use kvbm_schedule::{GroupedSequence, HistoryPolicy, SchedulableSequence, ScheduleError};
+use kvbm_sequence::PromptTokens;
 use tracing::{debug, debug_span};
 
 use super::kv::RequestKv;
@@ -371,11 +372,12 @@ impl<M> Scheduler<M> {
         let headroom = (request.max_new_tokens() as usize).min(GENERATION_HEADROOM);
         let max_output = request.max_new_tokens() as usize;
         let block_size = self.manager.block_size();
+        // The request's prompt is shared, not copied: the sequences read
+        // its full blocks in place.
+        let prompt = || PromptTokens::shared(request.shared_prompt(), headroom);
         if let Some(groups) = &self.groups {
-            let mut tokens = Vec::with_capacity(request.prompt().len().saturating_add(headroom));
-            tokens.extend_from_slice(request.prompt());
-            let mut seq = RequestKv::Groups(GroupedSequence::with_salt(
-                tokens,
+            let mut seq = RequestKv::Groups(GroupedSequence::from_prompt(
+                prompt(),
                 max_output,
                 groups.clone(),
                 request.salt(),
@@ -395,17 +397,12 @@ impl<M> Scheduler<M> {
                 headroom,
                 HistoryPolicy::Off,
             )),
-            None => {
-                let mut tokens =
-                    Vec::with_capacity(request.prompt().len().saturating_add(headroom));
-                tokens.extend_from_slice(request.prompt());
-                RequestKv::One(
-                    SchedulableSequence::builder(tokens, max_output, block_size)
-                        .salt(request.salt())
-                        .history(HistoryPolicy::Off)
-                        .build()?,
-                )
-            }
+            None => RequestKv::One(
+                SchedulableSequence::builder_from_prompt(prompt(), max_output, block_size)
+                    .salt(request.salt())
+                    .history(HistoryPolicy::Off)
+                    .build()?,
+            ),
         };
         seq.match_and_add_prefix(&self.manager)?;
         Ok(Parked {

@@ -6,7 +6,7 @@ use kvbm_blocks::{BlockId, BlockManager};
 use kvbm_schedule::{
     ApplyError, DecodeOutcome, GroupedSequence, SchedulableSequence, ScheduleError, SequenceState,
 };
-use kvbm_sequence::RequestSequence;
+use kvbm_sequence::{RequestSequence, Tokens};
 
 /// One request's sequence. A single full-attention group keeps the plain
 /// sequence, so such models pay one predictable branch per call and
@@ -121,7 +121,7 @@ impl<M> RequestKv<M> {
         forward!(self, seq => seq.state())
     }
 
-    pub(super) fn tokens(&self) -> &[u32] {
+    pub(super) fn tokens(&self) -> Tokens<'_> {
         forward!(self, seq => seq.tokens())
     }
 

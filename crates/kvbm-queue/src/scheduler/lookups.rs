@@ -3,6 +3,7 @@
 //! slot mappings.
 
 use kvbm_blocks::BlockId;
+use kvbm_sequence::Tokens;
 
 use super::running::Running;
 use super::{RequestId, Scheduler, SchedulerError, StepPlan};
@@ -18,7 +19,9 @@ impl<M> Scheduler<M> {
     }
 
     fn find(&self, id: RequestId) -> Option<&Running<M>> {
-        self.running.get(self.position(id)?).map(|running| &**running)
+        self.running
+            .get(self.position(id)?)
+            .map(|running| &**running)
     }
 
     /// The ids of the running requests (`len()` is how many run).
@@ -74,7 +77,7 @@ impl<M> Scheduler<M> {
     }
 
     /// Tokens of a running request so far (prompt and generated).
-    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+    pub fn tokens(&self, id: RequestId) -> Option<Tokens<'_>> {
         Some(self.find(id)?.seq.tokens())
     }
 

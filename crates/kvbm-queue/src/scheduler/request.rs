@@ -99,6 +99,15 @@ impl InferenceRequest {
         }
     }
 
+    /// The prompt's tokens, shared (one reference more, no copy): what a
+    /// sequence reads in place.
+    pub(crate) fn shared_prompt(&self) -> Arc<[u32]> {
+        match &self.prompt {
+            Prompt::Tokens(tokens) => tokens.clone(),
+            Prompt::Hashed(prompt) => prompt.shared_tokens().clone(),
+        }
+    }
+
     /// The salt.
     pub fn salt(&self) -> Salt {
         self.salt

@@ -285,7 +285,7 @@ fn running_out_of_blocks_preempts_the_latest_admission_which_resumes_from_cache(
 fn preempted_requests_keep_their_generated_tokens() {
     let mut s = two_requests_in_a_small_pool();
     let tokens_before = loop {
-        let before = s.tokens(RequestId(2)).map(<[u32]>::to_vec);
+        let before = s.tokens(RequestId(2)).map(|tokens| tokens.to_vec());
         let (plan, _) = run(&mut s);
         if plan.preempted.contains(&RequestId(2)) {
             break before.unwrap();
@@ -298,7 +298,7 @@ fn preempted_requests_keep_their_generated_tokens() {
     while s.tokens(RequestId(2)).is_none() {
         run(&mut s);
     }
-    let resumed = s.tokens(RequestId(2)).unwrap();
+    let resumed = s.tokens(RequestId(2)).unwrap().to_vec();
     assert_eq!(&resumed[..tokens_before.len()], &tokens_before[..]);
 }
 

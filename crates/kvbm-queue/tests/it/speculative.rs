@@ -53,7 +53,7 @@ fn a_decode_verifies_the_configured_drafts_and_the_budget_counts_them() {
     assert_eq!(report.accepted_draft_tokens, 3);
     assert_eq!(report.generated_tokens, 4);
     assert!(report.rolled_back.is_empty());
-    let tokens = s.tokens(ID).unwrap();
+    let tokens = s.tokens(ID).unwrap().to_vec();
     assert_eq!(&tokens[6..], &[1001, 21, 22, 23, 24]);
     let census = s.census();
     assert_eq!(

@@ -23,7 +23,7 @@ fn a_block_filled_by_the_tail_token_is_not_matchable_until_its_kv_is_computed() 
     assert_eq!(matchable(&first, &m), [true, false]);
 
     // A request that shares all 8 tokens gets block 0 only.
-    let prompt = [first.tokens(), &[1, 2, 3]].concat();
+    let prompt = [first.tokens().to_vec(), vec![1, 2, 3]].concat();
     let mut second = SchedulableSequence::<Gpu>::new(prompt.clone(), 4, BLOCK_SIZE).unwrap();
     assert_eq!(second.match_and_add_prefix(&m).unwrap(), 1);
 

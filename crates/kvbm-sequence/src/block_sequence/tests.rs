@@ -63,7 +63,7 @@ fn hashes_chain_from_the_salt_with_positions_and_parents() {
     let salt = Salt::new(42);
     let s = BlockSequence::with_salt((0..12).collect(), 4, salt).unwrap();
     let hashes = s.sequence_hashes();
-    assert_eq!(hashes, reference_hashes(s.tokens(), 4, salt));
+    assert_eq!(hashes, reference_hashes(&s.tokens().to_vec(), 4, salt));
     assert!(hashes[0].is_root());
     for (i, pair) in hashes.windows(2).enumerate() {
         assert_eq!(pair[1].parent(), Some(pair[0].value()));
@@ -201,8 +201,14 @@ fn with_salts_hashes_each_salt_as_with_salt_does() {
                 for (seq, &salt) in seqs.iter().zip(salts) {
                     let alone = BlockSequence::with_salt(tokens.clone(), block_size, salt).unwrap();
                     assert_eq!(seq, &alone, "block size {block_size}, {len} tokens");
-                    // Every copy keeps the room reserved for the generation.
-                    assert!(seq.tokens.capacity() >= tokens.capacity());
+                    // Each keeps the room reserved for the generation.
+                    assert!(
+                        seq.tail.capacity() - seq.tail.len() >= tokens.capacity() - tokens.len()
+                    );
+                    // The prompt's blocks are shared, not copied.
+                    assert!(seq.tail.len() < block_size);
+                    let shared = |s: &BlockSequence| s.head.clone().map(|h| h.as_ptr());
+                    assert_eq!(shared(seq), shared(&seqs[0]));
                 }
                 if len as usize >= block_size {
                     assert_ne!(seqs[0].sequence_hashes(), seqs[1].sequence_hashes());
@@ -211,8 +217,12 @@ fn with_salts_hashes_each_salt_as_with_salt_does() {
         }
     }
     // Appends after the shared hashing chain on as usual.
-    let mut seqs =
-        BlockSequence::with_salts((0..10).collect(), 4, &[plain, plain.for_group(1)]).unwrap();
+    let mut seqs = BlockSequence::with_salts(
+        (0..10).collect::<Vec<u32>>(),
+        4,
+        &[plain, plain.for_group(1)],
+    )
+    .unwrap();
     let mut alone = BlockSequence::with_salt((0..10).collect(), 4, plain.for_group(1)).unwrap();
     assert_eq!(seqs[1].extend(&[10, 11, 12]), alone.extend(&[10, 11, 12]));
     assert_eq!(seqs[1], alone);
@@ -229,4 +239,105 @@ fn with_salts_of_no_salts_or_a_zero_block_size() {
         BlockSequence::with_salts(vec![1, 2, 3], 0, &[Salt::NONE]),
         Err(SequenceError::ZeroBlockSize)
     ));
+}
+
+mod shared {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::BlockSequence;
+    use crate::{HashedPrompt, PromptTokens, Salt};
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Append(u32),
+        Extend(Vec<u32>),
+        /// Truncate to this fraction (per mille) of the length.
+        Truncate(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => any::<u32>().prop_map(Op::Append),
+            2 => prop::collection::vec(any::<u32>(), 0..12).prop_map(Op::Extend),
+            1 => (0u16..=1000).prop_map(Op::Truncate),
+        ]
+    }
+
+    fn same(a: &BlockSequence, b: &BlockSequence) -> Result<(), TestCaseError> {
+        prop_assert_eq!(a, b);
+        prop_assert_eq!(a.tokens().to_vec(), b.tokens().to_vec());
+        prop_assert_eq!(a.partial_tokens(), b.partial_tokens());
+        for i in 0..=a.num_blocks() {
+            prop_assert_eq!(a.block_tokens(i), b.block_tokens(i));
+        }
+        let tokens = a.tokens();
+        for start in 0..=tokens.len() {
+            let end = (start + 5).min(tokens.len());
+            let range = tokens.range(start..end).map(|r| r.into_owned());
+            prop_assert_eq!(range, Some(tokens.to_vec()[start..end].to_vec()));
+        }
+        prop_assert!(tokens.range(0..tokens.len() + 1).is_none());
+        Ok(())
+    }
+
+    /// Cases: `KVBM_FUZZ_CASES` (as `cargo xtask fuzz --cases N` sets it),
+    /// else a CI-sized default.
+    fn cases() -> u32 {
+        (std::env::var("KVBM_FUZZ_CASES").ok())
+            .and_then(|cases| cases.parse().ok())
+            .unwrap_or(512)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        /// A sequence reading a shared prompt in place behaves exactly as
+        /// one owning a copy of it, through any appends, extends and
+        /// truncations (into the prompt too), and so does one built from a
+        /// hashed prompt.
+        #[test]
+        fn fuzz_a_shared_prompt_reads_as_an_owned_one(
+            prompt in prop::collection::vec(any::<u32>(), 0..40),
+            block_size in 1usize..6,
+            headroom in 0usize..8,
+            ops in prop::collection::vec(op(), 0..30),
+        ) {
+            let salt = Salt::new(9);
+            let arc: Arc<[u32]> = prompt.clone().into();
+            let mut owned = BlockSequence::with_salt(prompt.clone(), block_size, salt).unwrap();
+            let shared_prompt = PromptTokens::shared(arc.clone(), headroom);
+            let mut shared = BlockSequence::from_prompt(shared_prompt, block_size, salt).unwrap();
+            let hashed = HashedPrompt::new(arc, block_size, salt).unwrap();
+            let mut from_hashed = BlockSequence::from_hashed(&hashed, headroom);
+            same(&owned, &shared)?;
+            same(&owned, &from_hashed)?;
+            for op in ops {
+                match op {
+                    Op::Append(token) => {
+                        let completed = owned.append(token);
+                        prop_assert_eq!(shared.append(token), completed);
+                        prop_assert_eq!(from_hashed.append(token), completed);
+                    }
+                    Op::Extend(tokens) => {
+                        let completed = owned.extend(&tokens);
+                        prop_assert_eq!(shared.extend(&tokens), completed.clone());
+                        prop_assert_eq!(from_hashed.extend(&tokens), completed);
+                    }
+                    Op::Truncate(per_mille) => {
+                        let len = owned.total_tokens() * usize::from(per_mille) / 1000;
+                        owned.truncate(len).unwrap();
+                        shared.truncate(len).unwrap();
+                        from_hashed.truncate(len).unwrap();
+                    }
+                }
+                same(&owned, &shared)?;
+                same(&owned, &from_hashed)?;
+            }
+            let past = owned.total_tokens() + 1;
+            prop_assert!(shared.truncate(past).is_err());
+            same(&owned, &shared)?;
+        }
+    }
 }

@@ -170,5 +170,5 @@ fn speculative_rollback_keeps_accepted_tokens_and_frees_the_rest() {
         .unwrap();
     assert_eq!((seq.assigned_blocks(), seq.unassigned_blocks()), (2, 1));
     assert_eq!(audit(&m).in_use_blocks(), 3);
-    assert_eq!(seq.tokens()[6..], [100, 101, 102]);
+    assert_eq!(seq.tokens().to_vec()[6..], [100, 101, 102]);
 }
