@@ -65,8 +65,13 @@ fn xorshift32(mut x: u32) -> u32 {
 /// module docs for the formula and why it keeps the trace's sharing.
 #[inline]
 pub fn trace_token(hash_id: u64, offset: u32) -> u32 {
-    let folded = (hash_id ^ (hash_id >> 32)) as u32;
-    xorshift32(folded.wrapping_add(offset.wrapping_mul(OFFSET_STEP)))
+    xorshift32(fold(hash_id).wrapping_add(offset.wrapping_mul(OFFSET_STEP)))
+}
+
+/// A block id folded to 32 bits: the state of its token 0.
+#[inline]
+fn fold(hash_id: u64) -> u32 {
+    (hash_id ^ (hash_id >> 32)) as u32
 }
 
 /// The prompt of a trace request: [`trace_token`]s of each `hash_ids` block
@@ -104,8 +109,13 @@ fn prompt_len(hash_ids: &[u64], input_length: usize) -> usize {
 /// iterator over positions, which matters at 145M tokens.
 fn fill_prompt(hash_ids: &[u64], tokens: &mut [u32]) {
     for (chunk, &hash_id) in tokens.chunks_mut(crate::TRACE_BLOCK_TOKENS).zip(hash_ids) {
-        for (offset, token) in (0u32..).zip(chunk) {
-            *token = trace_token(hash_id, offset);
+        // `trace_token`'s argument advanced by addition, not recomputed by
+        // a multiplication per offset (which the baseline SSE2 has no
+        // vector instruction for): a fifth fewer instructions.
+        let mut state = fold(hash_id);
+        for token in chunk {
+            *token = xorshift32(state);
+            state = state.wrapping_add(OFFSET_STEP);
         }
     }
 }
@@ -160,6 +170,10 @@ mod tests {
         assert_eq!(prompt[511], trace_token(3, 511));
         assert_eq!(prompt[512], trace_token(9, 0));
         assert_eq!(prompt[599], trace_token(9, 87));
+        for (at, &token) in prompt.iter().enumerate() {
+            let (id, offset) = ([3, 9][at / 512], (at % 512) as u32);
+            assert_eq!(token, trace_token(id, offset), "token {at}");
+        }
         // A shorter request with the same first id shares its first tokens.
         assert_eq!(prompt_tokens(&[3], 100)[..], prompt[..100]);
         assert!(prompt_tokens(&[], 0).is_empty());
