@@ -140,7 +140,7 @@ impl BlockSequence {
     /// under its own salt ([`Salt::for_group`]), hash one prompt.
     ///
     /// The sequences share the prompt's full blocks (a prompt given as a
-    /// buffer is moved into one shared prompt first, when there are two
+    /// buffer is copied once into a shared prompt first, when there are two
     /// sequences or more); each keeps its own partial block, with the room
     /// for the generation the caller reserved. No salts, no sequences.
     ///
@@ -179,9 +179,12 @@ impl BlockSequence {
             }
             prompt => prompt,
         };
-        let mut sequences: Vec<Self> = (salts.iter())
-            .map(|&salt| Self::unhashed(prompt.clone(), block_size, salt))
-            .collect();
+        // The others' copies are a shared prompt's handles; the first
+        // takes the prompt itself (a lone sequence's buffer is not copied).
+        let mut sequences: Vec<Self> = Vec::with_capacity(salts.len());
+        sequences
+            .extend((rest.iter()).map(|&salt| Self::unhashed(prompt.clone(), block_size, salt)));
+        sequences.insert(0, Self::unhashed(prompt, block_size, first));
         if rest.iter().all(|salt| first.shares_block_hash(*salt)) {
             chain_blocks_shared(&mut sequences);
         } else {

@@ -341,3 +341,17 @@ mod shared {
         }
     }
 }
+
+#[test]
+fn with_salts_of_one_salt_keeps_the_buffer_it_is_given() {
+    let mut tokens: Vec<u32> = Vec::with_capacity(64);
+    tokens.extend(0..40);
+    let buffer = tokens.as_ptr();
+    let seqs = BlockSequence::with_salts(tokens, 16, &[Salt::new(3)]).unwrap();
+    assert_eq!(seqs[0].tail.as_ptr(), buffer, "not copied");
+    assert!(seqs[0].head.is_none());
+    assert_eq!(
+        seqs[0],
+        BlockSequence::with_salt((0..40).collect(), 16, Salt::new(3)).unwrap()
+    );
+}
