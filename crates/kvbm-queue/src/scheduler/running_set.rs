@@ -14,12 +14,14 @@ use super::running::Running;
 type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// Admitted requests holding blocks, in no particular order between steps,
-/// with an O(1) lookup by id. Entries are boxed: a `Running` is hundreds of
-/// bytes, and removing one from the middle (a request finishing, kept in
-/// order) shifts every entry behind it, which for 256 running requests was
-/// up to 128 KiB per removal; pointers make it 2 KiB. Reads go through the slice (`Deref`);
+/// with an O(1) lookup by id. Reads go through the slice (`Deref`);
 /// changes to membership or order go through the methods below, which keep
 /// the index honest.
+///
+/// Entries are boxed: a `Running` is hundreds of bytes, and removing one
+/// from the middle (a request finishing, the others kept in order) shifts
+/// every entry behind it, up to 128 KiB per removal among 256 running
+/// requests; as pointers, 2 KiB.
 pub(super) struct RunningSet<M> {
     #[expect(clippy::vec_box, reason = "a removal shifts pointers, not entries")]
     list: Vec<Box<Running<M>>>,
