@@ -296,10 +296,11 @@ fn run_to_completion(w: &Workload) -> Result<Vec<Option<Finished>>, TestCaseErro
         let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
         if s.census().priority_preemptions > by_priority_before {
             let priority = |id: RequestId| w.arrivals[id.0 as usize].priority;
-            let admitted = plan
-                .prefill
-                .iter()
-                .map(|p| p.id)
+            // Admitted: new in the plan, as a prefill, or as a decode (a
+            // preempted request whose blocks all stayed cached resumes
+            // with its next token).
+            let admitted = (plan.prefill.iter().map(|p| p.id))
+                .chain(plan.decode.iter().map(|d| d.id))
                 .filter(|id| !running_before.contains(id));
             let most_urgent = admitted.map(priority).max();
             for &victim in &plan.preempted {
