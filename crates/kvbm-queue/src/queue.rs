@@ -351,6 +351,20 @@ impl<R: Request> RequestQueue<R> {
         self.shared.lock().pending.is_empty()
     }
 
+    /// A mark of the arrivals so far, for [`arrived_since`](Self::arrived_since).
+    pub(crate) fn arrival_mark(&self) -> u64 {
+        self.shared.epoch.get()
+    }
+
+    /// Whether a request may have arrived (or the queue closed) since
+    /// `mark` was taken: one atomic load, no lock, so a caller polling
+    /// between cheap steps need not lock the queue each time. `false` means
+    /// nothing arrived; `true` means look (under loom, which compiles the
+    /// epoch out, always `true`).
+    pub(crate) fn arrived_since(&self, mark: u64) -> bool {
+        cfg!(kvbm_loom) || self.shared.epoch.get() != mark
+    }
+
     /// The queued ids, in service order.
     pub fn queued_ids(&self) -> Vec<R::Id> {
         let inner = self.shared.lock();

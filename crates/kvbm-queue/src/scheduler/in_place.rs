@@ -89,9 +89,18 @@ impl<M> Scheduler<M> {
         // The step's tokens, all sampled before any is applied: a step
         // runs whole or not at all.
         let mut tokens = std::mem::take(&mut self.scratch.tokens);
+        // The queue is locked only when something may have arrived since
+        // it was last seen empty (an arrival moves its epoch after queueing
+        // the request; the mark is taken before looking).
+        let mut arrivals = self.queue.arrival_mark();
+        let mut waiting = !self.queue.is_empty();
         while ran.steps < max_steps {
             // Another thread may submit or cancel between two steps.
-            if self.live.any_cancelled() || !self.queue.is_empty() {
+            if self.queue.arrived_since(arrivals) {
+                arrivals = self.queue.arrival_mark();
+                waiting = !self.queue.is_empty();
+            }
+            if waiting || self.live.any_cancelled() {
                 break;
             }
             if !self.decode_step_in_place(&mut sample, &mut tokens) {

@@ -232,6 +232,43 @@ fn a_lone_request_decodes_in_place_between_block_boundaries() {
     assert!(in_place >= 28, "{in_place} of 63 decodes in place");
 }
 
+/// A request submitted from another handle while decodes run in place
+/// stops them before the next step: the run notices the arrival without
+/// locking the queue each step, and the plain step that follows admits it.
+#[test]
+fn an_arrival_during_a_run_in_place_ends_it_at_the_next_step() {
+    // A 5-token prompt in 4-token blocks: slots 5 and 6 decode in place.
+    let prefilled = || {
+        let mut s = scheduler(64, SchedulerConfig::default());
+        s.submit(InferenceRequest::new(RequestId(1), vec![1, 2, 3, 4, 5], 64))
+            .unwrap();
+        let plan = s.step().unwrap();
+        s.apply(&outputs(&plan, 0)).unwrap();
+        s
+    };
+    let mut alone = prefilled();
+    let ran = alone.run_decodes_in_place(u64::MAX, |id, position| Some(token(id, position)));
+    assert_eq!(ran.steps, 2, "the run without an arrival");
+
+    let mut s = prefilled();
+    let handle = s.submit_handle();
+    let mut samples = 0;
+    let ran = s.run_decodes_in_place(u64::MAX, |id, position| {
+        samples += 1;
+        handle
+            .submit(InferenceRequest::new(RequestId(2), vec![5, 6, 7], 4))
+            .unwrap();
+        Some(token(id, position))
+    });
+    // The step that sampled when the request came still ran; the next did not.
+    assert_eq!((ran.steps, samples), (1, 1));
+    let plan = s.step().unwrap();
+    assert!(
+        plan.prefill.iter().any(|p| p.id == RequestId(2)),
+        "{plan:?}"
+    );
+}
+
 /// Nothing runs in place, and nothing changes, unless every running
 /// request decodes within its blocks: one waiting, a pending step, a
 /// cancellation, speculative decoding, an engine that would stop, or one

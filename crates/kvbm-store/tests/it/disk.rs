@@ -78,7 +78,8 @@ fn flip(dir: &Path, slot: u64, offset: u64) {
         .unwrap();
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, at + offset).unwrap();
-    file.write_all_at(&[byte[0].wrapping_add(0x5a)], at + offset).unwrap();
+    file.write_all_at(&[byte[0].wrapping_add(0x5a)], at + offset)
+        .unwrap();
 }
 
 #[test]
