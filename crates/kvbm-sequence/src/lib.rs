@@ -8,7 +8,10 @@
 //!   from its parent's ([`block_hash`] of the tokens folded by [`chain_hash`],
 //!   XXH3 both), rooted in an optional [`Salt`]. Two requests share a block
 //!   hash exactly when they share the salt and every token up to the end of
-//!   that block, so the hash is the prefix-cache key.
+//!   that block, so the hash is the prefix-cache key. A sequence may read a
+//!   prompt it shares with the request (and the request's other layer
+//!   groups) in place ([`PromptTokens::shared`]); its [`Tokens`] then come
+//!   in two pieces.
 //! - **per-request tracking.** [`LogicalBlockAssignments`] holds the block
 //!   handles of one sequence in page order: assigned (registered or matched),
 //!   staged (full, not yet published) and unassigned (allocated ahead), with
