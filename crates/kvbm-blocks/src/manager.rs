@@ -231,6 +231,8 @@ impl<M> BlockManager<M> {
             .refs_for(&self.shared)
             .ok_or(BlockError::ForeignManager)?;
         self.register_into(blocks, tokens, infos)?;
+        // Only now: a refused call leaves an emptied table where it was.
+        table.attach(&self.shared);
         Ok(count)
     }
 

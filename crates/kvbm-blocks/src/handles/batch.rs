@@ -137,17 +137,20 @@ impl<M> ImmutableBlocks<M> {
         self.blocks.reserve(additional);
     }
 
-    /// The buffer to append references taken in `shared`'s pool to,
-    /// attaching an empty batch to that pool (an emptied batch holds
-    /// nothing of its old one); `None` if the batch holds another pool's
-    /// blocks.
+    /// The buffer to append references taken in `shared`'s pool to: this
+    /// batch's, if it is that pool's or empty (an emptied batch holds
+    /// nothing of its old pool); `None` if it holds another pool's blocks.
+    /// The caller [`attach`](Self::attach)es it once it appended.
     pub(crate) fn refs_for(&mut self, shared: &Arc<Shared>) -> Option<&mut Vec<BlockInfo>> {
-        match &self.shared {
-            Some(own) if Arc::ptr_eq(own, shared) => {}
-            _ if self.blocks.is_empty() => self.shared = Some(shared.clone()),
-            _ => return None,
+        (self.blocks.is_empty() || self.same_manager(shared)).then_some(&mut self.blocks)
+    }
+
+    /// Makes the batch `shared`'s, after references taken there were
+    /// appended through [`refs_for`](Self::refs_for).
+    pub(crate) fn attach(&mut self, shared: &Arc<Shared>) {
+        if (self.shared.as_ref()).is_none_or(|own| !Arc::ptr_eq(own, shared)) {
+            self.shared = Some(shared.clone());
         }
-        Some(&mut self.blocks)
     }
 
     /// Removes the last block as a single handle (no reference changes hands).

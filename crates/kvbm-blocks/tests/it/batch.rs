@@ -210,6 +210,13 @@ fn register_blocks_onto_appends_to_the_table_and_a_refusal_changes_nothing() {
     // An emptied table attached to another manager takes this one's blocks.
     foreign.clear();
     let mut more = crate::stage(&manager, &chain(5, 1));
+    // Refused, it stays the other manager's.
+    assert!(
+        manager
+            .register_blocks_onto(&mut foreign, &mut more, &[1])
+            .is_err()
+    );
+    assert!(foreign.belongs_to(&other) && !foreign.belongs_to(&manager));
     assert_eq!(
         manager.register_blocks_onto(&mut foreign, &mut more, &[]),
         Ok(1)
