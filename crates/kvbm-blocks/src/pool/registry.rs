@@ -52,6 +52,7 @@ impl Registry {
 
     /// Registers `id` under `value` unless a block is registered under it
     /// already, which it returns instead (one probe for both).
+    #[inline]
     pub(super) fn insert_or_get(
         &mut self,
         value: u128,
@@ -75,6 +76,7 @@ impl Registry {
 
     /// Unregisters `id`, registered under `value`; whether it was there.
     /// Only ids are compared, so the slot's key is not read.
+    #[inline]
     pub(super) fn remove(&mut self, value: u128, id: BlockId) -> bool {
         match self
             .table
