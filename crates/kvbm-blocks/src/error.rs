@@ -58,6 +58,15 @@ pub enum BlockError {
     /// A handle was given to a manager other than the one it came from.
     #[error("the block belongs to a different block manager")]
     ForeignManager,
+    /// [`BlockManager::register_batch`](crate::BlockManager::register_batch)
+    /// got a hash count other than its block count.
+    #[error("{blocks} blocks cannot be registered under {hashes} hashes")]
+    HashCountMismatch {
+        /// Blocks in the batch.
+        blocks: usize,
+        /// Hashes given for them.
+        hashes: usize,
+    },
     /// `SequenceHash::from_parts` got a parent at position 0, or none elsewhere.
     #[error("a sequence hash at position {position} {}", if *.has_parent { "cannot have a parent" } else { "needs a parent" })]
     InvalidSequenceHash {

@@ -78,7 +78,8 @@ pub use events::{
 };
 pub use eviction::sketch::FrequencySketch;
 pub use handles::{
-    BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock, WeakBlock,
+    BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock, MutableBlocks,
+    WeakBlock,
 };
 pub use hash::SequenceHash;
 pub use id::BlockId;

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use tracing::{debug, trace};
 
-use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock};
+use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock, MutableBlocks};
 use crate::pool::Shared;
 use crate::sync::Arc;
 use crate::{
@@ -64,6 +64,59 @@ impl<M> BlockManager<M> {
     /// enough are free or evictable now. Nothing is allocated or evicted then.
     pub fn allocate_blocks(&self, count: usize) -> Result<Vec<MutableBlock<M>>, BlockError> {
         self.allocate_ids(count, |_| {}).map(|ids| self.leases(ids))
+    }
+
+    /// [`allocate_blocks`](Self::allocate_blocks) as one handle: the blocks
+    /// of a [`MutableBlocks`] share one pool reference, and dropping it frees
+    /// them all under one lock (see [`register_batch`](Self::register_batch)).
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate_blocks`](Self::allocate_blocks); nothing is allocated
+    /// or evicted then.
+    pub fn allocate_batch(&self, count: usize) -> Result<MutableBlocks<M>, BlockError> {
+        self.allocate_ids(count, |_| {})
+            .map(|ids| MutableBlocks::from_ids(self.shared.clone(), ids))
+    }
+
+    /// Registers every block of `blocks` under its hash in `hashes` (in
+    /// order, one lock): what staging each block with its hash and
+    /// [`register_blocks`](Self::register_blocks) would do, with the same
+    /// registrations, deduplications and events, and no handle per block.
+    ///
+    /// # Errors
+    ///
+    /// With `blocks` handed back, none registered:
+    /// [`BlockError::ForeignManager`] if they came from another manager,
+    /// [`BlockError::HashCountMismatch`] if `hashes` does not have one hash
+    /// per block.
+    pub fn register_batch(
+        &self,
+        mut blocks: MutableBlocks<M>,
+        hashes: &[SequenceHash],
+    ) -> Result<ImmutableBlocks<M>, Rejected<MutableBlocks<M>>> {
+        if !blocks.belongs_to(self) {
+            return Err(Rejected::new(BlockError::ForeignManager, blocks));
+        }
+        if hashes.len() != blocks.len() {
+            let error = BlockError::HashCountMismatch {
+                blocks: blocks.len(),
+                hashes: hashes.len(),
+            };
+            return Err(Rejected::new(error, blocks));
+        }
+        let ids = blocks.take_ids();
+        let mut infos = Vec::with_capacity(ids.len());
+        {
+            let mut pool = self.shared.lock();
+            pool.expect_registration(ids.len(), 0);
+            for (&id, &hash) in ids.iter().zip(hashes) {
+                infos.push(pool.register(id, hash, &[]));
+            }
+            pool.flush_if_full();
+        }
+        trace!(count = infos.len(), "registered a batch");
+        Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
     }
 
     /// Like [`allocate_blocks`](Self::allocate_blocks), also reporting the

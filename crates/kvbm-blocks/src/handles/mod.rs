@@ -12,6 +12,7 @@
 
 mod batch;
 mod held;
+mod held_batch;
 mod lease;
 mod registered;
 
@@ -20,6 +21,7 @@ use crate::{BlockId, SequenceHash};
 
 pub use self::batch::{ImmutableBlocks, IntoIter};
 pub use self::held::{CompleteBlock, MutableBlock};
+pub use self::held_batch::MutableBlocks;
 pub(crate) use self::lease::Lease;
 pub use self::registered::{ImmutableBlock, WeakBlock};
 

@@ -6,6 +6,8 @@ mod events;
 mod eviction;
 #[cfg(not(kvbm_loom))]
 mod fuzz;
+#[cfg(not(kvbm_loom))]
+mod held_batch;
 mod lifecycle;
 #[cfg(not(kvbm_loom))]
 mod model;

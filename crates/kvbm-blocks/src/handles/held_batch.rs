@@ -1,0 +1,130 @@
+//! [`MutableBlocks`]: many allocated, unregistered blocks behind one handle.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use crate::pool::Shared;
+use crate::sync::Arc;
+use crate::{BlockId, BlockManager};
+
+/// An ordered run of freshly allocated blocks, each owned as by a
+/// [`MutableBlock`](crate::MutableBlock), such as the destinations of a copy
+/// between tiers.
+///
+/// One handle for the run: allocating it
+/// ([`BlockManager::allocate_batch`]), registering it
+/// ([`BlockManager::register_batch`]) and dropping it (which frees every
+/// block) each take the pool lock once and share one pool reference, where
+/// a `Vec` of `MutableBlock`s takes a reference per block and a lock per
+/// block dropped.
+///
+/// ```
+/// use kvbm_blocks::{BlockManager, SequenceHash};
+/// # struct Host;
+/// let host = BlockManager::<Host>::builder().block_count(4).block_size(16).build()?;
+/// let landings = host.allocate_batch(2)?;
+/// assert_eq!(host.available_blocks(), 2);
+/// // ... the copy into blocks `landings.block_ids()` completes ...
+/// let root = SequenceHash::root(1);
+/// let stored = host.register_batch(landings, &[root, root.child(2)])?;
+/// assert_eq!(stored.len(), 2);
+/// drop(stored); // cached, still matchable
+/// assert_eq!(host.match_blocks(&[root]).len(), 1);
+///
+/// let failed = host.allocate_batch(3)?;
+/// drop(failed); // a failed copy: its blocks go back to the free pool
+/// assert_eq!(host.available_blocks(), 4);
+/// # Ok::<(), kvbm_blocks::BlockError>(())
+/// ```
+pub struct MutableBlocks<M> {
+    /// `None` only while empty and never attached to a manager.
+    shared: Option<Arc<Shared>>,
+    ids: Vec<BlockId>,
+    _tier: PhantomData<fn() -> M>,
+}
+
+impl<M> MutableBlocks<M> {
+    /// An empty run, attached to no manager.
+    pub fn new() -> Self {
+        Self {
+            shared: None,
+            ids: Vec::new(),
+            _tier: PhantomData,
+        }
+    }
+
+    /// Owns blocks the pool has just handed out in the `Held` state.
+    pub(crate) fn from_ids(shared: Arc<Shared>, ids: Vec<BlockId>) -> Self {
+        Self {
+            shared: Some(shared),
+            ids,
+            _tier: PhantomData,
+        }
+    }
+
+    /// How many blocks it owns.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether it owns no block.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The blocks' slots (page indices), in order.
+    pub fn block_ids(&self) -> &[BlockId] {
+        &self.ids
+    }
+
+    /// Whether its blocks came from `manager` (or a clone of it); an empty
+    /// run belongs to every manager.
+    pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
+        self.is_empty() || self.shared.as_ref().is_some_and(|shared| manager.owns(shared))
+    }
+
+    /// Splits off the blocks from index `at` on into a run of their own
+    /// (all of them if `at` is 0, none if `at` is at or past the end).
+    pub fn split_off(&mut self, at: usize) -> Self {
+        let at = at.min(self.ids.len());
+        Self {
+            shared: self.shared.clone(),
+            ids: self.ids.split_off(at),
+            _tier: PhantomData,
+        }
+    }
+
+    /// Gives up ownership of the blocks (their state has moved on: they
+    /// were registered), returning their ids.
+    pub(crate) fn take_ids(&mut self) -> Vec<BlockId> {
+        std::mem::take(&mut self.ids)
+    }
+}
+
+impl<M> Default for MutableBlocks<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M> Drop for MutableBlocks<M> {
+    /// Frees every block under one lock, in order.
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared
+            && !self.ids.is_empty()
+        {
+            let mut pool = shared.lock();
+            for &id in &self.ids {
+                pool.free_held(id);
+            }
+        }
+    }
+}
+
+impl<M> fmt::Debug for MutableBlocks<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MutableBlocks")
+            .field("block_ids", &self.ids)
+            .finish()
+    }
+}

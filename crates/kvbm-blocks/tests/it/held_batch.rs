@@ -1,0 +1,272 @@
+//! `MutableBlocks`: a batch of held blocks behaves exactly as the same
+//! blocks handled one by one (`allocate_blocks`, `stage`, `register_blocks`,
+//! dropping them), and a refused registration changes nothing.
+
+use kvbm_blocks::{
+    BlockError, BlockManager, DuplicatePolicy, EvictionPolicy, ImmutableBlocks, MutableBlock,
+    MutableBlocks, SequenceHash,
+};
+use proptest::prelude::*;
+
+use crate::{BLOCK_SIZE, Gpu, chain, manager, manager_with};
+
+/// Hash `value` as the `index`-th block of a chain of small values: equal
+/// values stand for equal content, so runs collide and deduplicate.
+fn hashes(values: &[u8]) -> Vec<SequenceHash> {
+    let mut out: Vec<SequenceHash> = Vec::with_capacity(values.len());
+    for &value in values {
+        let hash = match out.last() {
+            Some(parent) => parent.child(u128::from(value)),
+            None => SequenceHash::root(u128::from(value)),
+        };
+        out.push(hash);
+    }
+    // Collapse the chain onto few keys, so later runs hit earlier ones.
+    out.iter()
+        .map(|hash| SequenceHash::root(hash.value() % 23))
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Allocate a batch of this many blocks (refused when too many).
+    Allocate(usize),
+    /// Register batch `handle` under hashes of these values.
+    Register { handle: usize, values: Vec<u8> },
+    /// Drop batch `handle` unregistered (a failed copy).
+    DropHeld(usize),
+    /// Split batch `handle` at `at`.
+    Split { handle: usize, at: usize },
+    /// Drop registered batch `handle` (its blocks become cached).
+    DropRegistered(usize),
+    /// Match a run of hashes (revives cached blocks, pins them until the
+    /// next op).
+    Match(Vec<u8>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0usize..7).prop_map(Op::Allocate),
+        4 => (any::<usize>(), prop::collection::vec(0u8..6, 0..7))
+            .prop_map(|(handle, values)| Op::Register { handle, values }),
+        2 => any::<usize>().prop_map(Op::DropHeld),
+        1 => (any::<usize>(), 0usize..8).prop_map(|(handle, at)| Op::Split { handle, at }),
+        2 => any::<usize>().prop_map(Op::DropRegistered),
+        2 => prop::collection::vec(0u8..6, 1..5).prop_map(Op::Match),
+    ]
+}
+
+/// The same pool driven by batches (`batched`) and by one handle per block
+/// (`single`).
+struct Pair {
+    batched: BlockManager<Gpu>,
+    single: BlockManager<Gpu>,
+    held_batches: Vec<MutableBlocks<Gpu>>,
+    held_singles: Vec<Vec<MutableBlock<Gpu>>>,
+    registered: Vec<(ImmutableBlocks<Gpu>, ImmutableBlocks<Gpu>)>,
+}
+
+impl Pair {
+    fn apply(&mut self, op: Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::Allocate(count) => {
+                let batch = self.batched.allocate_batch(count);
+                let single = self.single.allocate_blocks(count);
+                match (batch, single) {
+                    (Ok(batch), Ok(single)) => {
+                        let ids: Vec<_> = single.iter().map(MutableBlock::block_id).collect();
+                        prop_assert_eq!(batch.block_ids(), &ids[..]);
+                        self.held_batches.push(batch);
+                        self.held_singles.push(single);
+                    }
+                    (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                    (a, b) => prop_assert!(false, "batch {a:?} but single {b:?}"),
+                }
+            }
+            Op::Register { handle, values } => {
+                if self.held_batches.is_empty() {
+                    return Ok(());
+                }
+                let at = handle % self.held_batches.len();
+                let batch = self.held_batches.remove(at);
+                let single = self.held_singles.remove(at);
+                let hashes = hashes(&values);
+                if hashes.len() != batch.len() {
+                    // Refused, handed back, nothing changed.
+                    let before = self.batched.metrics();
+                    let rejected = self.batched.register_batch(batch, &hashes).unwrap_err();
+                    prop_assert_eq!(
+                        rejected.error(),
+                        &BlockError::HashCountMismatch {
+                            blocks: single.len(),
+                            hashes: hashes.len()
+                        }
+                    );
+                    prop_assert_eq!(self.batched.metrics(), before);
+                    self.held_batches.insert(at, rejected.into_inner());
+                    self.held_singles.insert(at, single);
+                    return Ok(());
+                }
+                let registered = self.batched.register_batch(batch, &hashes).unwrap();
+                let staged = (single.into_iter().zip(&hashes))
+                    .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).unwrap())
+                    .collect();
+                let expected = self.single.register_blocks(staged).unwrap();
+                prop_assert_eq!(&registered[..], &expected[..]);
+                self.registered.push((registered, expected));
+            }
+            Op::DropHeld(handle) => {
+                if !self.held_batches.is_empty() {
+                    let at = handle % self.held_batches.len();
+                    drop(self.held_batches.remove(at));
+                    drop(self.held_singles.remove(at));
+                }
+            }
+            Op::Split { handle, at } => {
+                if !self.held_batches.is_empty() {
+                    let index = handle % self.held_batches.len();
+                    let tail = self.held_batches[index].split_off(at);
+                    let single = &mut self.held_singles[index];
+                    let tail_single = single.split_off(at.min(single.len()));
+                    self.held_batches.push(tail);
+                    self.held_singles.push(tail_single);
+                }
+            }
+            Op::DropRegistered(handle) => {
+                if !self.registered.is_empty() {
+                    let (a, b) = self.registered.remove(handle % self.registered.len());
+                    drop(a);
+                    drop(b);
+                }
+            }
+            Op::Match(values) => {
+                let hashes = hashes(&values);
+                let a = self.batched.match_blocks(&hashes);
+                let b = self.single.match_blocks(&hashes);
+                prop_assert_eq!(&a[..], &b[..]);
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), TestCaseError> {
+        prop_assert_eq!(self.batched.metrics(), self.single.metrics());
+        let audit = self.batched.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let expected = self.single.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(audit, expected);
+        for value in 0..23u128 {
+            let hash = [SequenceHash::root(value)];
+            prop_assert_eq!(
+                self.batched.scan_matches(&hash),
+                self.single.scan_matches(&hash)
+            );
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::fuzz::cases()))]
+
+    /// Any sequence of batch allocations, registrations (some refused),
+    /// splits and drops leaves the pool, its events and every later
+    /// allocation exactly as the same blocks handled one by one would.
+    #[test]
+    fn fuzz_a_batch_is_its_blocks_one_by_one(
+        ops in prop::collection::vec(op(), 1..40),
+        policy in prop_oneof![
+            Just(EvictionPolicy::Lru),
+            Just(EvictionPolicy::MultiLevelLru),
+            Just(EvictionPolicy::Lineage),
+        ],
+        allow_duplicates in any::<bool>(),
+    ) {
+        let duplicates = if allow_duplicates {
+            DuplicatePolicy::Allow
+        } else {
+            DuplicatePolicy::Deduplicate
+        };
+        let build = || {
+            BlockManager::<Gpu>::builder()
+                .block_count(8)
+                .block_size(BLOCK_SIZE)
+                .eviction(policy)
+                .duplicates(duplicates)
+                .build()
+                .unwrap()
+        };
+        let mut pair = Pair {
+            batched: build(),
+            single: build(),
+            held_batches: Vec::new(),
+            held_singles: Vec::new(),
+            registered: Vec::new(),
+        };
+        let events = (pair.batched.subscribe_events(1 << 16), pair.single.subscribe_events(1 << 16));
+        for op in ops {
+            pair.apply(op)?;
+            pair.batched.flush_events();
+            pair.single.flush_events();
+            pair.check()?;
+        }
+        prop_assert_eq!(events.0.drain(), events.1.drain());
+        drop(pair.held_batches);
+        drop(pair.held_singles);
+        drop(pair.registered);
+        prop_assert_eq!(pair.batched.metrics(), pair.single.metrics());
+    }
+}
+
+#[test]
+fn a_batch_of_another_manager_is_handed_back_unregistered() {
+    let ours = manager(4);
+    let theirs = manager(4);
+    let batch = theirs.allocate_batch(2).unwrap();
+    assert!(!batch.belongs_to(&ours) && batch.belongs_to(&theirs));
+    let before = (ours.metrics(), theirs.metrics());
+    let rejected = ours.register_batch(batch, &chain(1, 2)).unwrap_err();
+    assert_eq!(rejected.error(), &BlockError::ForeignManager);
+    assert_eq!((ours.metrics(), theirs.metrics()), before);
+    // Still theirs, and still registrable there.
+    let batch = rejected.into_inner();
+    assert_eq!(batch.len(), 2);
+    assert_eq!(theirs.register_batch(batch, &chain(1, 2)).unwrap().len(), 2);
+}
+
+#[test]
+fn an_empty_batch_belongs_anywhere_and_registers_nothing() {
+    let pool = manager(2);
+    let empty = MutableBlocks::<Gpu>::new();
+    assert!(empty.is_empty() && empty.belongs_to(&pool));
+    assert!(pool.register_batch(empty, &[]).unwrap().is_empty());
+    let none = pool.allocate_batch(0).unwrap();
+    assert!(none.is_empty());
+    assert_eq!(pool.metrics().free_blocks, 2);
+    // Too many: refused, nothing taken.
+    assert_eq!(
+        pool.allocate_batch(3).unwrap_err(),
+        BlockError::ExceedsCapacity {
+            requested: 3,
+            total: 2
+        }
+    );
+}
+
+#[test]
+fn a_split_batch_frees_and_registers_each_part_on_its_own() {
+    let pool = manager_with(6, EvictionPolicy::Lru);
+    let mut head = pool.allocate_batch(5).unwrap();
+    let ids = head.block_ids().to_vec();
+    let tail = head.split_off(2);
+    assert_eq!(head.block_ids(), &ids[..2]);
+    assert_eq!(tail.block_ids(), &ids[2..]);
+    // Past the end: an empty part, the rest untouched.
+    let mut tail = tail;
+    assert!(tail.split_off(9).is_empty());
+    assert_eq!(tail.len(), 3);
+    drop(tail); // a failed copy: three blocks back
+    assert_eq!(pool.metrics().free_blocks, 4);
+    let registered = pool.register_batch(head, &chain(7, 2)).unwrap();
+    assert_eq!(registered.block_ids().collect::<Vec<_>>(), ids[..2]);
+    assert!(pool.audit().is_ok());
+}
