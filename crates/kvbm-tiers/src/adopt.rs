@@ -4,7 +4,6 @@ use std::collections::HashSet;
 
 use kvbm_blocks::SequenceHash;
 
-use crate::settle::stage_all;
 use crate::{TierError, TierId, Tiers};
 
 impl<D> Tiers<D> {
@@ -45,13 +44,12 @@ impl<D> Tiers<D> {
         if wanted.is_empty() {
             return Ok(0);
         }
-        let Ok(blocks) = lower.pool.allocate_blocks(wanted.len()) else {
+        let Ok(blocks) = lower.pool.allocate_batch(wanted.len()) else {
             return Ok(0);
         };
-        let staged = stage_all(blocks, &wanted);
         let adopted = lower
             .pool
-            .register_blocks(staged)
+            .register_batch(blocks, &wanted)
             .map_or(0, |blocks| blocks.len());
         lower.stats.adopted_blocks += adopted as u64;
         Ok(adopted)

@@ -2,7 +2,7 @@
 //! batch per transfer, so pinning and releasing a transfer's sources takes
 //! one pool lock however many blocks it moves.
 
-use kvbm_blocks::{BlockId, ImmutableBlocks, MutableBlock, SequenceHash};
+use kvbm_blocks::{BlockId, ImmutableBlocks, MutableBlock, MutableBlocks, SequenceHash};
 
 use crate::{Lower, TierId, TransferKind};
 
@@ -77,18 +77,20 @@ fn retain_vec<T>(blocks: Vec<T>, keep: &[bool]) -> Vec<T> {
         .collect()
 }
 
-/// A transfer's destinations: allocated, not matchable until it completes.
+/// A transfer's destinations: allocated (one handle per transfer: one pool
+/// lock to free them, one to register them), not matchable until it
+/// completes.
 #[derive(Debug)]
 pub(crate) enum Landings<D> {
-    Device(Vec<MutableBlock<D>>),
-    Lower(Vec<MutableBlock<Lower>>),
+    Device(MutableBlocks<D>),
+    Lower(MutableBlocks<Lower>),
 }
 
 impl<D> Landings<D> {
-    pub(crate) fn block_ids(&self) -> Vec<BlockId> {
+    pub(crate) fn block_ids(&self) -> &[BlockId] {
         match self {
-            Self::Device(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
-            Self::Lower(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+            Self::Device(blocks) => blocks.block_ids(),
+            Self::Lower(blocks) => blocks.block_ids(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Onboarding: a request's prefix brought up from the lower tiers onto the
 //! device, as load transfers.
 
-use kvbm_blocks::{ImmutableBlocks, SequenceHash};
+use kvbm_blocks::{ImmutableBlocks, MutableBlocks, SequenceHash};
 use tracing::trace;
 
 use crate::flight::{Landings, Pins};
@@ -103,9 +103,9 @@ impl<D> Tiers<D> {
             }
         }
         let mut landings = if loads == 0 {
-            Vec::new()
+            MutableBlocks::new()
         } else {
-            match self.device.allocate_blocks(loads) {
+            match self.device.allocate_batch(loads) {
                 Ok(landings) => landings,
                 Err(_) => {
                     // No room on the device: load nothing (the pins drop),

@@ -1,11 +1,11 @@
 //! The engine's reports: a transfer completed (its destinations become
 //! matchable) or failed (they are freed, nothing is marked loaded).
 
-use kvbm_blocks::{CompleteBlock, ImmutableBlocks, MutableBlock, SequenceHash};
+use kvbm_blocks::{ImmutableBlocks, MutableBlocks};
 use tracing::{debug, trace};
 
 use crate::flight::{Flight, Landings, Pins};
-use crate::{Lower, TierError, TierId, Tiers, TransferId, TransferKind};
+use crate::{TierError, TierId, Tiers, TransferId, TransferKind};
 
 /// How a transfer ended, by the engine's report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -210,13 +210,13 @@ impl<D> Tiers<D> {
             pins,
             ..
         } = flight;
-        let landed: Vec<CompleteBlock<D>> = match landings {
-            Landings::Device(blocks) => stage_all(blocks, &hashes),
-            Landings::Lower(_) => Vec::new(),
+        let landed = match landings {
+            Landings::Device(blocks) => blocks,
+            Landings::Lower(_) => MutableBlocks::new(),
         };
         drop(pins);
         let count = landed.len() as u64;
-        let blocks = self.device.register_blocks(landed).unwrap_or_default();
+        let blocks = self.device.register_batch(landed, &hashes).unwrap_or_default();
         if let Some(tier) = (source.lower_index()).and_then(|i| self.lower.get_mut(i)) {
             tier.stats.loaded_blocks += count;
         }
@@ -247,9 +247,9 @@ impl<D> Tiers<D> {
                 failed: false,
             };
         };
-        let landed: Vec<CompleteBlock<Lower>> = match landings {
-            Landings::Lower(landed) => stage_all(landed, &hashes),
-            Landings::Device(_) => Vec::new(),
+        let landed = match landings {
+            Landings::Lower(landed) => landed,
+            Landings::Device(_) => MutableBlocks::new(),
         };
         drop(pins);
         let count = landed.len();
@@ -260,7 +260,7 @@ impl<D> Tiers<D> {
                 blocks: 0,
             };
         };
-        let stored = tier.pool.register_blocks(landed).unwrap_or_default();
+        let stored = tier.pool.register_batch(landed, &hashes).unwrap_or_default();
         tier.stats.stored_blocks += count as u64;
         self.counts.stored_blocks += count as u64;
         if let Some(policy) = self.chained_below(index) {
@@ -275,20 +275,4 @@ impl<D> Tiers<D> {
             blocks: count,
         }
     }
-}
-
-/// Landed blocks staged under their hashes (full blocks: they always fit).
-pub(crate) fn stage_all<M>(
-    blocks: Vec<MutableBlock<M>>,
-    hashes: &[SequenceHash],
-) -> Vec<CompleteBlock<M>> {
-    (blocks.into_iter().zip(hashes))
-        .filter_map(|(block, &hash)| stage(block, hash))
-        .collect()
-}
-
-/// A landed block staged under its hash (a full block: it always fits).
-fn stage<M>(block: MutableBlock<M>, hash: SequenceHash) -> Option<CompleteBlock<M>> {
-    let size = block.block_size();
-    block.stage(hash, size).ok()
 }

@@ -195,7 +195,7 @@ impl<D> Tiers<D> {
         if taken.is_empty() {
             return;
         }
-        let Ok(landings) = tier.pool.allocate_blocks(taken.len()) else {
+        let Ok(landings) = tier.pool.allocate_batch(taken.len()) else {
             // `available_blocks` said there was room; nothing was allocated.
             tier.stats.skipped_stores += taken.len() as u64;
             for value in &taken {
@@ -231,7 +231,7 @@ impl<D> Tiers<D> {
         landings: Landings<D>,
     ) -> TransferId {
         let id = self.next_transfer_id();
-        let runs = runs(pins.block_ids().into_iter().zip(landings.block_ids()));
+        let runs = runs(pins.block_ids().into_iter().zip(landings.block_ids().iter().copied()));
         self.planned.push(Transfer {
             id,
             kind,
