@@ -165,22 +165,29 @@ impl<D> Tiers<D> {
         // Each wanted hash goes into `incoming` as it is taken, so one
         // already there, or twice in this batch, is skipped in O(1).
         let limit = tier.config.max_incoming_blocks;
-        let mut taken: Vec<u128> = Vec::new();
+        let mut taken: Vec<u128> = Vec::with_capacity(hashes.len());
         for (i, hash) in hashes.iter().enumerate() {
             if !keep[i] {
                 continue;
             }
-            if present[i] || tier.incoming.contains(&hash.value()) {
+            let value = hash.value();
+            let wanted = if present[i] {
+                false
+            } else if tier.incoming.len() >= limit {
+                // Past the limit: a hash not on its way yet is skipped.
+                if !tier.incoming.contains(&value) {
+                    tier.stats.skipped_stores += 1;
+                }
+                false
+            } else {
+                // One probe: false when it is on its way already.
+                tier.incoming.insert(value)
+            };
+            if wanted {
+                taken.push(value);
+            } else {
                 keep[i] = false;
-                continue;
             }
-            if tier.incoming.len() >= limit {
-                tier.stats.skipped_stores += 1;
-                keep[i] = false;
-                continue;
-            }
-            tier.incoming.insert(hash.value());
-            taken.push(hash.value());
         }
         let room = tier.pool.available_blocks();
         if taken.len() > room {

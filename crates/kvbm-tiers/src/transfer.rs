@@ -138,7 +138,9 @@ impl Transfer {
 /// `(source, destination)` pairs merged into runs where both sides go up by
 /// one.
 pub(crate) fn runs(pairs: impl IntoIterator<Item = (BlockId, BlockId)>) -> Vec<CopyRun> {
-    let mut runs: Vec<CopyRun> = Vec::new();
+    let pairs = pairs.into_iter();
+    // At most a run per pair: one allocation, not one per doubling.
+    let mut runs: Vec<CopyRun> = Vec::with_capacity(pairs.size_hint().0);
     for (source, destination) in pairs {
         if let Some(run) = runs.last_mut()
             && run.source.get().checked_add(run.blocks) == Some(source.get())
