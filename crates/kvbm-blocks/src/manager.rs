@@ -119,6 +119,57 @@ impl<M> BlockManager<M> {
         Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
     }
 
+    /// [`register_batch`](Self::register_batch), the blocks then left
+    /// cached (matchable, evictable) as dropping the registered batch
+    /// would leave them (released last first), under the same lock and
+    /// with no handle in between; how many were registered.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    /// # struct Host;
+    /// let host = BlockManager::<Host>::builder().block_count(2).build()?;
+    /// let root = SequenceHash::root(3);
+    /// let landed = host.allocate_batch(2)?;
+    /// assert_eq!(host.cache_batch(landed, &[root, root.child(4)])?, 2);
+    /// assert_eq!(host.metrics().inactive_blocks, 2);
+    /// assert_eq!(host.registered_prefix(&[root, root.child(4)]), 2);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`register_batch`](Self::register_batch), with `blocks` handed
+    /// back and nothing changed.
+    pub fn cache_batch(
+        &self,
+        mut blocks: MutableBlocks<M>,
+        hashes: &[SequenceHash],
+    ) -> Result<usize, Rejected<MutableBlocks<M>>> {
+        if !blocks.belongs_to(self) {
+            return Err(Rejected::new(BlockError::ForeignManager, blocks));
+        }
+        if hashes.len() != blocks.len() {
+            let error = BlockError::HashCountMismatch {
+                blocks: blocks.len(),
+                hashes: hashes.len(),
+            };
+            return Err(Rejected::new(error, blocks));
+        }
+        let mut ids = blocks.take_ids();
+        let mut pool = self.shared.lock();
+        pool.expect_registration(ids.len(), 0);
+        for (id, &hash) in ids.iter_mut().zip(hashes) {
+            // A deduplicated block stands for the one registered before it.
+            *id = pool.register(*id, hash, &[]).block_id();
+        }
+        pool.flush_if_full();
+        for &id in ids.iter().rev() {
+            pool.release(id);
+        }
+        trace!(count = ids.len(), "cached a batch");
+        Ok(ids.len())
+    }
+
     /// Like [`allocate_blocks`](Self::allocate_blocks), also reporting the
     /// hashes evicted to make room, so a KV-aware router can mirror the cache.
     ///

@@ -1,6 +1,7 @@
 //! `MutableBlocks`: a batch of held blocks behaves exactly as the same
 //! blocks handled one by one (`allocate_blocks`, `stage`, `register_blocks`,
-//! dropping them), and a refused registration changes nothing.
+//! dropping them; `cache_batch` as registering and dropping at once), and a
+//! refused registration changes nothing.
 
 use kvbm_blocks::{
     BlockError, BlockManager, DuplicatePolicy, EvictionPolicy, ImmutableBlocks, MutableBlock,
@@ -33,6 +34,9 @@ enum Op {
     Allocate(usize),
     /// Register batch `handle` under hashes of these values.
     Register { handle: usize, values: Vec<u8> },
+    /// Register batch `handle` under hashes of these values and leave
+    /// the blocks cached (`cache_batch` against registering and dropping).
+    Cache { handle: usize, values: Vec<u8> },
     /// Drop batch `handle` unregistered (a failed copy).
     DropHeld(usize),
     /// Split batch `handle` at `at`.
@@ -49,6 +53,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0usize..7).prop_map(Op::Allocate),
         4 => (any::<usize>(), prop::collection::vec(0u8..6, 0..7))
             .prop_map(|(handle, values)| Op::Register { handle, values }),
+        2 => (any::<usize>(), prop::collection::vec(0u8..6, 0..7))
+            .prop_map(|(handle, values)| Op::Cache { handle, values }),
         2 => any::<usize>().prop_map(Op::DropHeld),
         1 => (any::<usize>(), 0usize..8).prop_map(|(handle, at)| Op::Split { handle, at }),
         2 => any::<usize>().prop_map(Op::DropRegistered),
@@ -114,6 +120,37 @@ impl Pair {
                 let expected = self.single.register_blocks(staged).unwrap();
                 prop_assert_eq!(&registered[..], &expected[..]);
                 self.registered.push((registered, expected));
+            }
+            Op::Cache { handle, values } => {
+                if self.held_batches.is_empty() {
+                    return Ok(());
+                }
+                let at = handle % self.held_batches.len();
+                let batch = self.held_batches.remove(at);
+                let single = self.held_singles.remove(at);
+                let hashes = hashes(&values);
+                if hashes.len() != batch.len() {
+                    let before = self.batched.metrics();
+                    let rejected = self.batched.cache_batch(batch, &hashes).unwrap_err();
+                    prop_assert_eq!(
+                        rejected.error(),
+                        &BlockError::HashCountMismatch {
+                            blocks: single.len(),
+                            hashes: hashes.len()
+                        }
+                    );
+                    prop_assert_eq!(self.batched.metrics(), before);
+                    self.held_batches.insert(at, rejected.into_inner());
+                    self.held_singles.insert(at, single);
+                    return Ok(());
+                }
+                let cached = self.batched.cache_batch(batch, &hashes).unwrap();
+                let staged = (single.into_iter().zip(&hashes))
+                    .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).unwrap())
+                    .collect();
+                let expected = self.single.register_blocks(staged).unwrap();
+                prop_assert_eq!(cached, expected.len());
+                drop(expected);
             }
             Op::DropHeld(handle) => {
                 if !self.held_batches.is_empty() {
