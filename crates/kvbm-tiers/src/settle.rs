@@ -253,6 +253,7 @@ impl<D> Tiers<D> {
         };
         drop(pins);
         let count = landed.len();
+        let chained = self.chained_below(index);
         let Some(tier) = self.lower.get_mut(index) else {
             return Settled::Stored {
                 id,
@@ -260,14 +261,21 @@ impl<D> Tiers<D> {
                 blocks: 0,
             };
         };
-        let stored = tier.pool.register_batch(landed, &hashes).unwrap_or_default();
         tier.stats.stored_blocks += count as u64;
         self.counts.stored_blocks += count as u64;
-        if let Some(policy) = self.chained_below(index) {
-            let keep = self.wanted(policy, &hashes);
-            if keep.iter().any(|&k| k) && stored.len() == hashes.len() {
-                self.plan_store(destination, index + 1, hashes, Pins::Lower(stored), keep);
-            }
+        let Some(policy) = chained else {
+            // Nothing takes them further down: straight into the cache.
+            let _ = tier.pool.cache_batch(landed, &hashes);
+            return Settled::Stored {
+                id,
+                tier: destination,
+                blocks: count,
+            };
+        };
+        let stored = tier.pool.register_batch(landed, &hashes).unwrap_or_default();
+        let keep = self.wanted(policy, &hashes);
+        if keep.iter().any(|&k| k) && stored.len() == hashes.len() {
+            self.plan_store(destination, index + 1, hashes, Pins::Lower(stored), keep);
         }
         Settled::Stored {
             id,
