@@ -78,8 +78,8 @@ pub use events::{
 };
 pub use eviction::sketch::FrequencySketch;
 pub use handles::{
-    BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock, MutableBlocks,
-    WeakBlock,
+    BlockInfo, CompleteBlock, ImmutableBlock, ImmutableBlocks, IntoIter, MutableBlock,
+    MutableBlocks, WeakBlock,
 };
 pub use hash::SequenceHash;
 pub use id::BlockId;

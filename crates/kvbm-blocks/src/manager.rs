@@ -209,6 +209,36 @@ impl<M> BlockManager<M> {
             .collect()
     }
 
+    /// [`evict_blocks`](Self::evict_blocks) as one handle: the evicted
+    /// blocks' hashes, in eviction order, and the blocks themselves, held
+    /// with their KV untouched in one [`MutableBlocks`] (dropping it frees
+    /// them all under one lock).
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    /// # struct Gpu;
+    /// let gpu = BlockManager::<Gpu>::builder().block_count(2).build()?;
+    /// let root = SequenceHash::root(5);
+    /// drop(gpu.store_blocks(&[root])?); // cached
+    /// let (hashes, blocks) = gpu.evict_batch(4);
+    /// assert_eq!((hashes, blocks.len()), (vec![root], 1));
+    /// assert!(gpu.match_blocks(&[root]).is_empty()); // no longer matchable
+    /// drop(blocks); // copied below: freed
+    /// assert_eq!(gpu.metrics().free_blocks, 2);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    pub fn evict_batch(&self, count: usize) -> (Vec<SequenceHash>, MutableBlocks<M>) {
+        let evicted = {
+            let mut pool = self.shared.lock();
+            let evicted = pool.evict_held(count);
+            pool.flush_if_full();
+            evicted
+        };
+        trace!(count, evicted = evicted.len(), "evicted into a held batch");
+        let (ids, hashes): (Vec<BlockId>, Vec<SequenceHash>) = evicted.into_iter().unzip();
+        (hashes, MutableBlocks::from_ids(self.shared.clone(), ids))
+    }
+
     /// Takes `count` block ids from the pool under one lock.
     fn allocate_ids(
         &self,

@@ -80,7 +80,11 @@ impl<M> MutableBlocks<M> {
     /// Whether its blocks came from `manager` (or a clone of it); an empty
     /// run belongs to every manager.
     pub fn belongs_to(&self, manager: &BlockManager<M>) -> bool {
-        self.is_empty() || self.shared.as_ref().is_some_and(|shared| manager.owns(shared))
+        self.is_empty()
+            || self
+                .shared
+                .as_ref()
+                .is_some_and(|shared| manager.owns(shared))
     }
 
     /// Splits off the blocks from index `at` on into a run of their own
@@ -92,6 +96,28 @@ impl<M> MutableBlocks<M> {
             ids: self.ids.split_off(at),
             _tier: PhantomData,
         }
+    }
+
+    /// Keeps the blocks whose `keep` is true, in order, and frees the
+    /// others under one lock (in order); a block past the end of `keep` is
+    /// kept.
+    pub fn retain(&mut self, keep: &[bool]) {
+        if keep.iter().all(|&k| k) {
+            return;
+        }
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let mut pool = shared.lock();
+        let mut index = 0;
+        self.ids.retain(|&id| {
+            let kept = keep.get(index).copied().unwrap_or(true);
+            index += 1;
+            if !kept {
+                pool.free_held(id);
+            }
+            kept
+        });
     }
 
     /// Gives up ownership of the blocks (their state has moved on: they

@@ -1,6 +1,7 @@
 //! `MutableBlocks`: a batch of held blocks behaves exactly as the same
 //! blocks handled one by one (`allocate_blocks`, `stage`, `register_blocks`,
-//! dropping them; `cache_batch` as registering and dropping at once), and a
+//! dropping them; `cache_batch` as registering and dropping at once;
+//! `evict_batch` as `evict_blocks`; `retain` as filtering them), and a
 //! refused registration changes nothing.
 
 use kvbm_blocks::{
@@ -41,6 +42,10 @@ enum Op {
     DropHeld(usize),
     /// Split batch `handle` at `at`.
     Split { handle: usize, at: usize },
+    /// Keep the blocks of batch `handle` whose flag is set.
+    Retain { handle: usize, keep: Vec<bool> },
+    /// Evict up to this many cached blocks into a held batch.
+    Evict(usize),
     /// Drop registered batch `handle` (its blocks become cached).
     DropRegistered(usize),
     /// Match a run of hashes (revives cached blocks, pins them until the
@@ -57,6 +62,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(handle, values)| Op::Cache { handle, values }),
         2 => any::<usize>().prop_map(Op::DropHeld),
         1 => (any::<usize>(), 0usize..8).prop_map(|(handle, at)| Op::Split { handle, at }),
+        1 => (any::<usize>(), prop::collection::vec(any::<bool>(), 0..8))
+            .prop_map(|(handle, keep)| Op::Retain { handle, keep }),
+        2 => (0usize..5).prop_map(Op::Evict),
         2 => any::<usize>().prop_map(Op::DropRegistered),
         2 => prop::collection::vec(0u8..6, 1..5).prop_map(Op::Match),
     ]
@@ -169,6 +177,33 @@ impl Pair {
                     self.held_singles.push(tail_single);
                 }
             }
+            Op::Retain { handle, keep } => {
+                if !self.held_batches.is_empty() {
+                    let index = handle % self.held_batches.len();
+                    self.held_batches[index].retain(&keep);
+                    let single = std::mem::take(&mut self.held_singles[index]);
+                    self.held_singles[index] = (single.into_iter().enumerate())
+                        .filter_map(|(i, block)| {
+                            keep.get(i).copied().unwrap_or(true).then_some(block)
+                        })
+                        .collect();
+                    let ids: Vec<_> = self.held_singles[index]
+                        .iter()
+                        .map(MutableBlock::block_id)
+                        .collect();
+                    prop_assert_eq!(self.held_batches[index].block_ids(), &ids[..]);
+                }
+            }
+            Op::Evict(count) => {
+                let (hashes, batch) = self.batched.evict_batch(count);
+                let (expected, single): (Vec<_>, Vec<_>) =
+                    self.single.evict_blocks(count).into_iter().unzip();
+                prop_assert_eq!(hashes, expected);
+                let ids: Vec<_> = single.iter().map(MutableBlock::block_id).collect();
+                prop_assert_eq!(batch.block_ids(), &ids[..]);
+                self.held_batches.push(batch);
+                self.held_singles.push(single);
+            }
             Op::DropRegistered(handle) => {
                 if !self.registered.is_empty() {
                     let (a, b) = self.registered.remove(handle % self.registered.len());
@@ -188,8 +223,14 @@ impl Pair {
 
     fn check(&self) -> Result<(), TestCaseError> {
         prop_assert_eq!(self.batched.metrics(), self.single.metrics());
-        let audit = self.batched.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let expected = self.single.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let audit = self
+            .batched
+            .audit()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let expected = self
+            .single
+            .audit()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(audit, expected);
         for value in 0..23u128 {
             let hash = [SequenceHash::root(value)];
