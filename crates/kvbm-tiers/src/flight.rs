@@ -2,7 +2,7 @@
 //! batch per transfer, so pinning and releasing a transfer's sources takes
 //! one pool lock however many blocks it moves.
 
-use kvbm_blocks::{BlockId, ImmutableBlocks, MutableBlock, MutableBlocks, SequenceHash};
+use kvbm_blocks::{BlockId, ImmutableBlocks, MutableBlocks, SequenceHash};
 
 use crate::{Lower, TierId, TransferKind};
 
@@ -13,11 +13,11 @@ pub(crate) enum Pins<D> {
     Device(ImmutableBlocks<D>),
     /// Device blocks evicted for write-back: held, content intact, freed
     /// when the copy is settled.
-    DeviceEvicted(Vec<MutableBlock<D>>),
+    DeviceEvicted(MutableBlocks<D>),
     /// Registered blocks of a lower tier.
     Lower(ImmutableBlocks<Lower>),
     /// A lower tier's blocks evicted for write-back to the next tier.
-    LowerEvicted(Vec<MutableBlock<Lower>>),
+    LowerEvicted(MutableBlocks<Lower>),
 }
 
 impl<D> Pins<D> {
@@ -34,9 +34,9 @@ impl<D> Pins<D> {
     pub(crate) fn block_ids(&self) -> Vec<BlockId> {
         match self {
             Self::Device(blocks) => blocks.block_ids().collect(),
-            Self::DeviceEvicted(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+            Self::DeviceEvicted(blocks) => blocks.block_ids().to_vec(),
             Self::Lower(blocks) => blocks.block_ids().collect(),
-            Self::LowerEvicted(blocks) => blocks.iter().map(MutableBlock::block_id).collect(),
+            Self::LowerEvicted(blocks) => blocks.block_ids().to_vec(),
         }
     }
 
@@ -54,8 +54,14 @@ impl<D> Pins<D> {
         match self {
             Self::Device(blocks) => Self::Device(retain_batch(blocks, keep)),
             Self::Lower(blocks) => Self::Lower(retain_batch(blocks, keep)),
-            Self::DeviceEvicted(blocks) => Self::DeviceEvicted(retain_vec(blocks, keep)),
-            Self::LowerEvicted(blocks) => Self::LowerEvicted(retain_vec(blocks, keep)),
+            Self::DeviceEvicted(mut blocks) => {
+                blocks.retain(keep);
+                Self::DeviceEvicted(blocks)
+            }
+            Self::LowerEvicted(mut blocks) => {
+                blocks.retain(keep);
+                Self::LowerEvicted(blocks)
+            }
         }
     }
 }
@@ -69,12 +75,6 @@ fn retain_batch<M>(blocks: ImmutableBlocks<M>, keep: &[bool]) -> ImmutableBlocks
         }
     }
     kept
-}
-
-fn retain_vec<T>(blocks: Vec<T>, keep: &[bool]) -> Vec<T> {
-    (blocks.into_iter().zip(keep))
-        .filter_map(|(block, &keep)| keep.then_some(block))
-        .collect()
 }
 
 /// A transfer's destinations: allocated (one handle per transfer: one pool

@@ -92,15 +92,13 @@ impl<D> Tiers<D> {
             let (source, hashes, pins) = if index == 0 {
                 let free = self.device.metrics().free_blocks;
                 let want = headroom.saturating_sub(free).min(room);
-                let (hashes, blocks): (Vec<_>, Vec<_>) =
-                    self.device.evict_blocks(want).into_iter().unzip();
+                let (hashes, blocks) = self.device.evict_batch(want);
                 (TierId::DEVICE, hashes, Pins::DeviceEvicted(blocks))
             } else {
                 let above = &self.lower[index - 1].pool;
                 let free = above.metrics().free_blocks;
                 let want = headroom.saturating_sub(free).min(room);
-                let (hashes, blocks): (Vec<_>, Vec<_>) =
-                    above.evict_blocks(want).into_iter().unzip();
+                let (hashes, blocks) = above.evict_batch(want);
                 let source = TierId::lower(index - 1).unwrap_or(TierId::DEVICE);
                 (source, hashes, Pins::LowerEvicted(blocks))
             };
