@@ -5,6 +5,9 @@
 //! of them and moves each through type-state RAII handles:
 //!
 //! - [`MutableBlock`]: allocated, being filled; dropping it frees the block.
+//!   [`MutableBlocks`] holds a run of them behind one handle (the
+//!   destinations of a copy between tiers), registered or freed under one
+//!   lock.
 //! - [`CompleteBlock`]: full, tagged with the [`SequenceHash`] of its tokens
 //!   and their whole prefix; not yet visible to others.
 //! - [`ImmutableBlock`] / [`ImmutableBlocks`]: registered, shared, matchable
