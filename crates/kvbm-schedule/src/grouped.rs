@@ -393,8 +393,35 @@ impl<M> GroupedSequence<M> {
         token: Option<u32>,
         manager: &BlockManager<M>,
     ) -> Result<(), ApplyError> {
-        let apply = |seq: &mut SchedulableSequence<M>| seq.apply_prefill(token, manager);
-        self.apply_all(apply, apply)
+        let Some(unread) = self.releases_last() else {
+            let apply = |seq: &mut SchedulableSequence<M>| seq.apply_prefill(token, manager);
+            return self.apply_all(apply, apply);
+        };
+        // The last group releases its unread blocks as it registers them:
+        // its releases come after every group's registrations either way,
+        // and no other group releases any.
+        let [first, others @ .., last] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        first.apply_prefill(token, manager)?;
+        for seq in others {
+            seq.apply_prefill(token, manager)?;
+        }
+        last.apply_prefill_releasing(token, manager, Some(unread))?;
+        Ok(())
+    }
+
+    /// The last group's kind if it is the only group that releases unread
+    /// blocks (a model of full-attention groups and one sliding window or
+    /// chunk group, last): it may then release them at its registration
+    /// with no other pool operation moving relative to them.
+    fn releases_last(&self) -> Option<AttentionKind> {
+        let [others @ .., last] = self.groups.groups() else {
+            return None;
+        };
+        let full = |kind: AttentionKind| kind == AttentionKind::Full;
+        (!others.is_empty() && !full(last.kind()) && others.iter().all(|g| full(g.kind())))
+            .then(|| last.kind())
     }
 
     /// Commits the scheduled decode step in every group, then releases

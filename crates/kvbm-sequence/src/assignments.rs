@@ -330,6 +330,52 @@ impl<M> LogicalBlockAssignments<M> {
         Ok(incoming)
     }
 
+    /// [`register`](Self::register) then [`skip_to`](Self::skip_to)`(first_needed)`
+    /// in one pass: blocks registered here that fall below `first_needed`
+    /// go straight into the cache and never join the assigned prefix (a
+    /// sliding window that a prefill chunk moved past most of its new
+    /// blocks). The pool sees the same registrations, events and releases,
+    /// in the same order, as the two calls. Returns how many blocks were
+    /// registered and how many released.
+    ///
+    /// # Errors
+    ///
+    /// As [`register`](Self::register); nothing is released then.
+    pub fn register_and_skip_to(
+        &mut self,
+        manager: &BlockManager<M>,
+        sequence: &BlockSequence,
+        first_needed: usize,
+    ) -> Result<(usize, usize), SequenceError> {
+        if self.staged.is_empty() {
+            return Ok((0, self.skip_to(first_needed)));
+        }
+        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
+            return Err(SequenceError::ForeignManager);
+        }
+        let block_size = sequence.block_size();
+        let first = self.assigned_end().saturating_mul(block_size);
+        let tokens = (sequence.tokens())
+            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
+            .unwrap_or_default();
+        let incoming = self.staged.len();
+        // What `skip_to` would release once the staged blocks are assigned.
+        let release = first_needed
+            .saturating_sub(self.skipped)
+            .min(self.assigned.len() + incoming);
+        manager.register_blocks_onto_releasing(
+            &mut self.assigned,
+            &mut self.staged,
+            &tokens,
+            release,
+        )?;
+        self.skipped += release;
+        if self.assigned.is_empty() {
+            self.skipped = self.skipped.max(first_needed);
+        }
+        Ok((incoming, release))
+    }
+
     /// Removes the most recently added unassigned block (LIFO), for the
     /// caller to drop (back to the free pool) or keep.
     pub fn pop_unassigned(&mut self) -> Option<MutableBlock<M>> {

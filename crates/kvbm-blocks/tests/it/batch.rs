@@ -1,6 +1,6 @@
 //! `ImmutableBlocks`: one reference to the pool, many pinned blocks.
 
-use kvbm_blocks::{BlockId, ImmutableBlocks};
+use kvbm_blocks::{BlockId, ImmutableBlocks, SequenceHash};
 
 use crate::{Gpu, audit, chain, manager, register};
 
@@ -223,6 +223,182 @@ fn register_blocks_onto_appends_to_the_table_and_a_refusal_changes_nothing() {
     );
     assert!(foreign.belongs_to(&manager));
     drop((table, foreign));
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (0, 5));
+}
+
+/// What one side of [`register_releasing_case`] leaves: the table, the
+/// pool's counters and partition, the events and the eviction order.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    table: Vec<u32>,
+    metrics: kvbm_blocks::PoolMetrics,
+    events: Vec<String>,
+    evicted: Vec<SequenceHash>,
+}
+
+/// A table of `held` blocks and `staged` more to register, releasing the
+/// first `release` of them, in a pool where another request cached the
+/// first `shared` blocks of the chain and still pins `pinned` of them.
+#[derive(Clone, Copy, Debug)]
+struct ReleasingCase {
+    eviction: kvbm_blocks::EvictionPolicy,
+    duplicates: kvbm_blocks::DuplicatePolicy,
+    shared: usize,
+    pinned: usize,
+    held: usize,
+    staged: usize,
+    release: usize,
+}
+
+/// Runs `case` either through `register_blocks_onto_releasing` (`fused`)
+/// or through `register_blocks_onto` and the table's split and clear, as a
+/// sequence's `register` then `skip_to` do.
+fn register_releasing_case(case: ReleasingCase, fused: bool) -> Outcome {
+    let ReleasingCase {
+        eviction,
+        duplicates,
+        shared,
+        pinned,
+        held,
+        staged,
+        release,
+    } = case;
+    let manager = kvbm_blocks::BlockManager::<Gpu>::builder()
+        .block_count(32)
+        .block_size(crate::BLOCK_SIZE)
+        .eviction(eviction)
+        .duplicates(duplicates)
+        .build()
+        .unwrap();
+    let hashes = chain(1, held + staged);
+    // Another request cached part of the chain (some of it still pinned),
+    // and unrelated blocks, so registrations deduplicate or revive.
+    let mut other = register(&manager, &hashes[..shared.min(hashes.len())]);
+    register(&manager, &chain(100, 3)).clear();
+    let pin = other.clone_range(0..pinned.min(other.len()));
+    other.clear();
+    let subscription = manager.subscribe_events(64);
+    let _ = subscription.drain();
+    let mut table = register(&manager, &hashes[..held]);
+    let mut blocks = crate::stage(&manager, &hashes[held..]);
+    let tokens: Vec<u32> = (0..(staged * crate::BLOCK_SIZE) as u32).collect();
+    if fused {
+        let registered =
+            (manager.register_blocks_onto_releasing(&mut table, &mut blocks, &tokens, release))
+                .unwrap();
+        assert_eq!(registered, staged);
+    } else {
+        manager
+            .register_blocks_onto(&mut table, &mut blocks, &tokens)
+            .unwrap();
+        let kept = table.split_off(release);
+        table.clear();
+        table.append(kept).unwrap();
+    }
+    assert!(blocks.is_empty());
+    audit(&manager);
+    manager.flush_events();
+    let events = (subscription.drain().iter())
+        .flat_map(|message| match message {
+            kvbm_blocks::EventMessage::Batch(batch) => {
+                batch.events().map(|e| format!("{e:?}")).collect()
+            }
+            other => vec![format!("{other:?}")],
+        })
+        .collect();
+    let outcome_table = ids(&table);
+    let metrics = manager.metrics();
+    drop((table, pin));
+    let evicted = manager
+        .allocate_blocks_with_evictions(manager.available_blocks())
+        .unwrap()
+        .evicted;
+    Outcome {
+        table: outcome_table,
+        metrics,
+        events,
+        evicted,
+    }
+}
+
+proptest::proptest! {
+    /// `register_blocks_onto_releasing` is `register_blocks_onto` then the
+    /// table's head released: the same table, counters, events and
+    /// eviction order under every policy, with deduplicated, revived and
+    /// pinned blocks among the released ones.
+    #[test]
+    fn fuzz_register_onto_releasing_matches_register_then_release(
+        eviction in proptest::sample::select(vec![
+            kvbm_blocks::EvictionPolicy::Lru,
+            kvbm_blocks::EvictionPolicy::MultiLevelLru,
+            kvbm_blocks::EvictionPolicy::Lineage,
+        ]),
+        duplicates in proptest::sample::select(vec![
+            kvbm_blocks::DuplicatePolicy::Deduplicate,
+            kvbm_blocks::DuplicatePolicy::Allow,
+        ]),
+        held in 0usize..6,
+        staged in 0usize..10,
+        shared in 0usize..12,
+        pinned in 0usize..6,
+        release in 0usize..18,
+    ) {
+        let case = ReleasingCase { eviction, duplicates, shared, pinned, held, staged, release };
+        proptest::prop_assert_eq!(
+            register_releasing_case(case, true),
+            register_releasing_case(case, false)
+        );
+    }
+}
+
+#[test]
+fn register_onto_releasing_refused_changes_nothing() {
+    let manager = manager(8);
+    let other = crate::manager(2);
+    let hashes = chain(1, 4);
+    let mut table = register(&manager, &hashes[..2]);
+    let mut staged = crate::stage(&manager, &hashes[2..]);
+    let before = (manager.metrics(), audit(&manager));
+
+    // Tokens of the wrong length: refused, nothing registered or released.
+    let error = (manager.register_blocks_onto_releasing(&mut table, &mut staged, &[1, 2, 3], 3))
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::TokenCountMismatch { .. }
+    ));
+    assert_eq!((ids(&table), staged.len()), (vec![0, 1], 2));
+    assert_eq!((manager.metrics(), audit(&manager)), before);
+    // Another manager's table: refused the same way, that table untouched.
+    let mut foreign = register(&other, &chain(9, 1));
+    let error =
+        (manager.register_blocks_onto_releasing(&mut foreign, &mut staged, &[], 3)).unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    assert_eq!((foreign.len(), staged.len()), (1, 2));
+    assert!(foreign.belongs_to(&other));
+    // Another manager's blocks: refused too.
+    let mut strays = crate::stage(&other, &chain(20, 1));
+    let error =
+        (manager.register_blocks_onto_releasing(&mut table, &mut strays, &[], 3)).unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    assert_eq!((ids(&table), strays.len()), (vec![0, 1], 1));
+    assert_eq!((manager.metrics(), audit(&manager)), before);
+
+    // Accepted: the two held and the first new block are released, last
+    // first; a release past the end releases everything.
+    assert_eq!(
+        manager.register_blocks_onto_releasing(&mut table, &mut staged, &[], 3),
+        Ok(2)
+    );
+    assert_eq!(ids(&table), [3]);
+    assert_eq!(manager.match_blocks(&hashes).len(), 4);
+    let mut last = crate::stage(&manager, &chain(1, 5)[4..]);
+    assert_eq!(
+        manager.register_blocks_onto_releasing(&mut table, &mut last, &[], 99),
+        Ok(1)
+    );
+    assert!(table.is_empty() && table.belongs_to(&manager));
     let a = audit(&manager);
     assert_eq!((a.active_blocks, a.inactive_blocks), (0, 5));
 }

@@ -360,3 +360,110 @@ fn consistency_fails_against_another_sequence() {
     assert!(!a.is_consistent_with(&seq(1, 8)), "other tokens");
     assert!(!a.is_consistent_with(&seq(0, 7)), "fewer full blocks");
 }
+
+/// Runs `register` then `skip_to(first_needed)` (or, `fused`,
+/// `register_and_skip_to`) on a window of `held` assigned blocks after
+/// `skipped` skipped ones and `staged` staged ones, with part of the
+/// sequence cached by another request; returns the counts, the table, and
+/// the pool's eviction order afterwards. (`first_needed` stays within the
+/// sequence's blocks, as `RequestSequence::skip_to` clamps it.)
+fn register_skip_case(
+    skipped: usize,
+    held: usize,
+    staged: usize,
+    cached: usize,
+    first_needed: usize,
+    fused: bool,
+) -> (
+    usize,
+    usize,
+    Vec<BlockId>,
+    usize,
+    Vec<kvbm_blocks::SequenceHash>,
+) {
+    let m = manager(24);
+    let s = seq(0, ((skipped + held + staged) * BS + 2) as u32);
+    // Another request cached some of the blocks (registration
+    // deduplicates onto them, reviving them from the cache).
+    let prefix = BlockSequence::new(s.tokens().to_vec()[..cached * BS].to_vec(), BS).unwrap();
+    drop(registered(&m, &prefix));
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(skipped + held).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    a.register(&m, &s).unwrap();
+    a.skip_to(skipped);
+    a.extend_blocks(m.allocate_blocks(staged + 1).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    let (registered, released) = if fused {
+        a.register_and_skip_to(&m, &s, first_needed).unwrap()
+    } else {
+        let registered = a.register(&m, &s).unwrap();
+        (registered, a.skip_to(first_needed))
+    };
+    assert!(a.is_consistent_with(&s));
+    let table = a.block_ids().collect();
+    let skipped = a.skipped_count();
+    drop(a);
+    let evicted = m
+        .allocate_blocks_with_evictions(m.available_blocks())
+        .unwrap()
+        .evicted;
+    (registered, released, table, skipped, evicted)
+}
+
+#[test]
+fn register_and_skip_to_is_register_then_skip_to() {
+    for skipped in 0..2 {
+        for held in 0..3 {
+            for staged in 0..4 {
+                for cached in 0..=(skipped + held + staged) {
+                    for first_needed in 0..=(skipped + held + staged) {
+                        let case = |fused| {
+                            register_skip_case(skipped, held, staged, cached, first_needed, fused)
+                        };
+                        assert_eq!(
+                            case(true),
+                            case(false),
+                            "skipped {skipped}, held {held}, staged {staged}, \
+                             cached {cached}, first needed {first_needed}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn register_and_skip_to_refused_changes_nothing() {
+    let (m1, m2) = (manager(4), manager(4));
+    let s = seq(0, 12);
+    registered(&m1, &s);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
+        .unwrap();
+    a.extend_blocks(m2.allocate_blocks(1).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    // The assigned prefix is another manager's: refused before anything
+    // moves, nothing released.
+    assert_eq!(
+        a.register_and_skip_to(&m2, &s, 2).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    assert_eq!((counts(&a), a.skipped_count()), ((1, 1, 0), 0));
+    // Staged blocks of another manager: refused, still staged.
+    let mut b = LogicalBlockAssignments::new();
+    b.extend_blocks(m2.allocate_blocks(1).unwrap());
+    b.stage(&s, usize::MAX).unwrap();
+    assert_eq!(
+        b.register_and_skip_to(&m1, &s, 1).unwrap_err(),
+        SequenceError::Block(BlockError::ForeignManager)
+    );
+    assert_eq!((counts(&b), b.skipped_count()), ((0, 1, 0), 0));
+    let audit = m2.audit().unwrap();
+    assert_eq!((audit.held_blocks, audit.inactive_blocks), (2, 0));
+    // Accepted: registered and released at once.
+    assert_eq!(b.register_and_skip_to(&m2, &s, 1).unwrap(), (1, 1));
+    assert_eq!((counts(&b), b.skipped_count()), ((0, 0, 0), 1));
+    assert_eq!(m2.match_blocks(&s.sequence_hashes()[..1]).len(), 1);
+}
