@@ -318,14 +318,31 @@ impl<M> GroupedSequence<M> {
     /// As [`SchedulableSequence::schedule_decode`].
     pub fn schedule_decode(&mut self, manager: &BlockManager<M>) -> Result<(), ScheduleError> {
         // The first group's checks stand for all (they advance alike): on
-        // every decode step the others only allocate and record.
-        self.schedule_all(
-            |lead| lead.schedule_decode(manager),
-            |seq| {
-                debug_assert!(seq.check_decode_preconditions("schedule_decode").is_ok());
-                seq.schedule_decode_checked(manager)
-            },
-        )
+        // every decode step the others only allocate and record, and when
+        // the first allocated nothing (15 steps of 16) neither do they:
+        // every group's table covers as many slots.
+        let [lead, others @ ..] = self.sequences.as_mut_slice() else {
+            return Ok(());
+        };
+        lead.schedule_decode(manager)?;
+        let covered = lead.state()
+            == (crate::SequenceState::DecodeScheduled {
+                blocks_allocated: 0,
+            });
+        for g in 0..others.len() {
+            let seq = &mut others[g];
+            debug_assert!(seq.check_decode_preconditions("schedule_decode").is_ok());
+            if covered {
+                seq.schedule_decode_covered();
+            } else if let Err(error) = seq.schedule_decode_checked(manager) {
+                for done in std::iter::once(lead).chain(&mut others[..g]) {
+                    // Scheduled just now, so revertible.
+                    let _ = done.revert_schedule();
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
     }
 
     /// Schedules the step in every group, all or nothing: `lead` in the
@@ -435,17 +452,27 @@ impl<M> GroupedSequence<M> {
         token: u32,
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
-        // As `schedule_decode`: the first group's checks stand for all.
-        self.apply_all(
-            |lead| lead.apply_decode(token, manager),
-            |seq| {
-                debug_assert!(matches!(
-                    seq.state(),
-                    crate::SequenceState::DecodeScheduled { .. }
-                ));
-                seq.apply_decode_checked(token, manager)
-            },
-        )
+        // As `schedule_decode`: the first group's checks stand for all, and
+        // groups register alike, so when the first registers nothing (15
+        // steps of 16) the others only append the token.
+        let [lead, others @ ..] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        let registers = !lead.registers_nothing_at(lead.kv_position() + 1);
+        let outcome = lead.apply_decode(token, manager)?;
+        for seq in others {
+            debug_assert!(matches!(
+                seq.state(),
+                crate::SequenceState::DecodeScheduled { .. }
+            ));
+            if registers {
+                seq.apply_decode_checked(token, manager)?;
+            } else {
+                seq.apply_decode_unregistered(token)?;
+            }
+        }
+        self.release_unread();
+        Ok(outcome)
     }
 
     /// Applies `lead` to the first group (whose refusal changes nothing),
@@ -469,12 +496,20 @@ impl<M> GroupedSequence<M> {
 
     /// After an apply: each group releases the blocks it reads no more.
     fn release_unread(&mut self) {
+        let block_size = self.groups.block_size();
         for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
-            // A full group reads every block: nothing to release.
-            if group.kind() != AttentionKind::Full {
-                // Idle after the apply, so this cannot be refused.
-                let _ = seq.release_unread(group.kind());
+            let kind = group.kind();
+            // A full group reads every block, and most steps move no
+            // window past a block: nothing to release (checked here, as
+            // `release_unread` would, without the call).
+            if kind == AttentionKind::Full
+                || kind.first_needed_block(seq.kv_position(), block_size)
+                    <= seq.inner().skipped_blocks()
+            {
+                continue;
             }
+            // Idle after the apply, so this cannot be refused.
+            let _ = seq.release_unread(kind);
         }
     }
 
