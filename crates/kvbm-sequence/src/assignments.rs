@@ -101,14 +101,11 @@ impl<M> LogicalBlockAssignments<M> {
             .saturating_sub(self.skipped)
             .min(self.assigned.len());
         if released > 0 {
-            // Clearing the head releases it last block first, the order of
-            // vLLM's `remove_skipped_blocks`. The kept blocks move back into
+            // The head is released last block first, the order of vLLM's
+            // `remove_skipped_blocks`; the kept blocks move to the front of
             // the table's own buffer, so the next registration appends
             // without growing a buffer cut to the kept length.
-            let kept = self.assigned.split_off(released);
-            self.assigned.clear();
-            // Cannot fail: both halves come from the same batch.
-            let _ = self.assigned.append(kept);
+            self.assigned.release_head(released);
             self.skipped += released;
         }
         if self.assigned.is_empty() && self.staged.is_empty() {

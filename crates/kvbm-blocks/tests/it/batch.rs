@@ -402,3 +402,54 @@ fn register_onto_releasing_refused_changes_nothing() {
     let a = audit(&manager);
     assert_eq!((a.active_blocks, a.inactive_blocks), (0, 5));
 }
+
+proptest::proptest! {
+    /// `release_head` is `split_off` of the rest, `clear` and `append`:
+    /// the same table, counters and eviction order, with blocks another
+    /// handle still pins among the released ones.
+    #[test]
+    fn fuzz_release_head_matches_split_clear_append(
+        len in 0usize..10,
+        pinned in proptest::collection::vec(proptest::bool::ANY, 10),
+        count in 0usize..12,
+    ) {
+        let case = |in_place: bool| {
+            let manager = manager(16);
+            let mut table = register(&manager, &chain(1, len));
+            let pins: Vec<_> = (0..len)
+                .filter(|&i| pinned[i])
+                .filter_map(|i| table.get(i))
+                .collect();
+            if in_place {
+                table.release_head(count);
+            } else {
+                let kept = table.split_off(count);
+                table.clear();
+                table.append(kept).unwrap();
+            }
+            audit(&manager);
+            let (ids, metrics) = (ids(&table), manager.metrics());
+            drop((table, pins));
+            let evicted = manager
+                .allocate_blocks_with_evictions(manager.available_blocks())
+                .unwrap()
+                .evicted;
+            (ids, metrics, evicted)
+        };
+        proptest::prop_assert_eq!(case(true), case(false));
+    }
+}
+
+#[test]
+fn release_head_of_an_empty_table_or_of_no_block_changes_nothing() {
+    let manager = manager(4);
+    let mut empty = ImmutableBlocks::<Gpu>::new();
+    empty.release_head(3);
+    assert!(empty.is_empty());
+    let mut table = register(&manager, &chain(1, 2));
+    table.release_head(0);
+    assert_eq!(ids(&table), [0, 1]);
+    table.release_head(9);
+    assert!(table.is_empty() && table.belongs_to(&manager));
+    assert_eq!(audit(&manager).inactive_blocks, 2);
+}
