@@ -333,6 +333,111 @@ impl<M> BlockManager<M> {
         Ok(count)
     }
 
+    /// [`register_blocks_onto_releasing`](Self::register_blocks_onto_releasing)
+    /// for a step that releases everything before `blocks`: the first
+    /// `hashes.len()` blocks of `passing` (allocated blocks, front first,
+    /// each under its hash of `hashes`) are registered, then `blocks`; then
+    /// the passing blocks are released (last first) and every block `table`
+    /// held (last first), so the table ends holding `blocks`' registrations
+    /// alone. The passing blocks are never staged: the registrations,
+    /// events, releases and their order are those of staging them in front
+    /// of `blocks` and releasing `table.len() + hashes.len()` blocks.
+    /// `tokens` are the passing blocks' then `blocks`' (or empty). Returns
+    /// how many were registered.
+    ///
+    /// ```
+    /// use std::collections::VecDeque;
+    /// use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).block_size(2).build()?;
+    /// let hashes = [SequenceHash::root(7), SequenceHash::root(7).child(9)];
+    /// let mut allocated: VecDeque<_> = manager.allocate_blocks(2)?.into();
+    /// let last = allocated.pop_back().unwrap();
+    /// let mut staged = vec![last.stage(hashes[1], 2)?];
+    /// let mut table = ImmutableBlocks::new();
+    /// // The first block is registered and released at once.
+    /// let registered =
+    ///     manager.register_passing_onto(&mut table, &mut allocated, &hashes[..1], &mut staged, &[])?;
+    /// assert_eq!((registered, table.len()), (2, 1));
+    /// assert!(allocated.is_empty() && staged.is_empty());
+    /// assert_eq!(manager.metrics().inactive_blocks, 1);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`register_blocks_onto`](Self::register_blocks_onto), counting
+    /// the passing blocks among `blocks`, and
+    /// [`BlockError::InsufficientBlocks`] if `passing` has fewer blocks
+    /// than `hashes`. Nothing changes on an error: every block stays where
+    /// it was, the table as it was.
+    pub fn register_passing_onto(
+        &self,
+        table: &mut ImmutableBlocks<M>,
+        passing: &mut std::collections::VecDeque<MutableBlock<M>>,
+        hashes: &[SequenceHash],
+        blocks: &mut Vec<CompleteBlock<M>>,
+        tokens: &[u32],
+    ) -> Result<usize, BlockError> {
+        let fresh = hashes.len();
+        if passing.len() < fresh {
+            return Err(BlockError::InsufficientBlocks {
+                requested: fresh,
+                available: passing.len(),
+            });
+        }
+        let count = fresh + blocks.len();
+        let infos = table
+            .refs_for(&self.shared)
+            .ok_or(BlockError::ForeignManager)?;
+        let ours = |lease: &Lease| self.owns(lease.shared());
+        if !(passing.iter().take(fresh).all(|block| ours(&block.lease))
+            && blocks.iter().all(|block| ours(&block.lease)))
+        {
+            return Err(BlockError::ForeignManager);
+        }
+        let block_size = self.shared.block_size;
+        let expected = count.saturating_mul(block_size);
+        if !tokens.is_empty() && tokens.len() != expected {
+            return Err(BlockError::TokenCountMismatch {
+                expected,
+                actual: tokens.len(),
+            });
+        }
+        let held = infos.len();
+        let mut released = Vec::with_capacity(fresh);
+        infos.reserve(blocks.len());
+        {
+            let mut pool = self.shared.lock();
+            pool.expect_registration(count, tokens.len());
+            let mut chunks = tokens.chunks_exact(block_size);
+            for (mut block, &hash) in passing.drain(..fresh).zip(hashes) {
+                let tokens = chunks.next().unwrap_or_default();
+                released.push(pool.register(block.block_id(), hash, tokens).block_id());
+                block.lease.disarm();
+            }
+            for block in blocks.iter_mut() {
+                let tokens = chunks.next().unwrap_or_default();
+                infos.push(pool.register(block.block_id(), block.sequence_hash(), tokens));
+                block.lease.disarm();
+            }
+            pool.flush_if_full();
+            // Last first: the passing blocks released, then the table's.
+            for &id in released.iter().rev() {
+                pool.release(id);
+            }
+            for info in infos[..held].iter().rev() {
+                pool.release(info.block_id());
+            }
+        }
+        infos.drain(..held);
+        trace!(count, fresh, held, "registered, passing and held released");
+        // Disarmed: dropping them gives nothing back.
+        blocks.clear();
+        table.attach(&self.shared);
+        Ok(count)
+    }
+
     /// Registers every block of `blocks` under one lock, appending each
     /// registered block's reference to `infos` and emptying `blocks`; on an
     /// error nothing changes.

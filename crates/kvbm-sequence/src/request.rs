@@ -728,10 +728,13 @@ impl<M> RequestSequence<M> {
         manager: &BlockManager<M>,
     ) -> Result<(usize, usize), SequenceError> {
         self.check_manager(manager)?;
-        self.stage_up_to(num_blocks)?;
         let first_needed = first_needed.min(self.num_blocks());
-        self.assignments
-            .register_and_skip_to(manager, &self.sequence, first_needed)
+        self.assignments.stage_register_and_skip_to(
+            manager,
+            &self.sequence,
+            num_blocks,
+            first_needed,
+        )
     }
 
     /// Skipped plus held blocks: the token slots the page table covers,

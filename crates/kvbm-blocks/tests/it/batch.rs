@@ -251,10 +251,21 @@ struct ReleasingCase {
     release: usize,
 }
 
-/// Runs `case` either through `register_blocks_onto_releasing` (`fused`)
-/// or through `register_blocks_onto` and the table's split and clear, as a
-/// sequence's `register` then `skip_to` do.
-fn register_releasing_case(case: ReleasingCase, fused: bool) -> Outcome {
+/// How [`register_releasing_case`] registers and releases.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ReleasePath {
+    /// `register_blocks_onto`, then the table's split and clear, as a
+    /// sequence's `register` then `skip_to` did.
+    Unfused,
+    /// `register_blocks_onto_releasing`.
+    Releasing,
+    /// `register_passing_onto`, the released new blocks never staged (a
+    /// case releasing every held block).
+    Passing,
+}
+
+/// Runs `case` through `path`.
+fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
     let ReleasingCase {
         eviction,
         duplicates,
@@ -281,9 +292,26 @@ fn register_releasing_case(case: ReleasingCase, fused: bool) -> Outcome {
     let subscription = manager.subscribe_events(64);
     let _ = subscription.drain();
     let mut table = register(&manager, &hashes[..held]);
-    let mut blocks = crate::stage(&manager, &hashes[held..]);
+    let mut allocated: std::collections::VecDeque<_> =
+        manager.allocate_blocks(staged).unwrap().into();
+    let passing = match path {
+        ReleasePath::Passing => release.saturating_sub(held).min(staged),
+        ReleasePath::Unfused | ReleasePath::Releasing => 0,
+    };
+    let mut blocks: Vec<_> = (allocated.split_off(passing).into_iter())
+        .zip(&hashes[held + passing..])
+        .map(|(block, &hash)| block.stage(hash, crate::BLOCK_SIZE).unwrap())
+        .collect();
     let tokens: Vec<u32> = (0..(staged * crate::BLOCK_SIZE) as u32).collect();
-    if fused {
+    if path == ReleasePath::Passing {
+        assert!(release >= held, "a passing case releases every held block");
+        let passed = &hashes[held..held + passing];
+        let registered = manager
+            .register_passing_onto(&mut table, &mut allocated, passed, &mut blocks, &tokens)
+            .unwrap();
+        assert_eq!(registered, staged);
+        assert!(allocated.is_empty());
+    } else if path == ReleasePath::Releasing {
         let registered =
             (manager.register_blocks_onto_releasing(&mut table, &mut blocks, &tokens, release))
                 .unwrap();
@@ -323,10 +351,11 @@ fn register_releasing_case(case: ReleasingCase, fused: bool) -> Outcome {
 }
 
 proptest::proptest! {
-    /// `register_blocks_onto_releasing` is `register_blocks_onto` then the
-    /// table's head released: the same table, counters, events and
-    /// eviction order under every policy, with deduplicated, revived and
-    /// pinned blocks among the released ones.
+    /// `register_blocks_onto_releasing`, and `register_passing_onto` when
+    /// every held block goes, are `register_blocks_onto` then the table's
+    /// head released: the same table, counters, events and eviction order
+    /// under every policy, with deduplicated, revived and pinned blocks
+    /// among the released ones.
     #[test]
     fn fuzz_register_onto_releasing_matches_register_then_release(
         eviction in proptest::sample::select(vec![
@@ -345,10 +374,11 @@ proptest::proptest! {
         release in 0usize..18,
     ) {
         let case = ReleasingCase { eviction, duplicates, shared, pinned, held, staged, release };
-        proptest::prop_assert_eq!(
-            register_releasing_case(case, true),
-            register_releasing_case(case, false)
-        );
+        let unfused = register_releasing_case(case, ReleasePath::Unfused);
+        proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Releasing), &unfused);
+        if release >= held {
+            proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Passing), &unfused);
+        }
     }
 }
 
@@ -452,4 +482,67 @@ fn release_head_of_an_empty_table_or_of_no_block_changes_nothing() {
     table.release_head(9);
     assert!(table.is_empty() && table.belongs_to(&manager));
     assert_eq!(audit(&manager).inactive_blocks, 2);
+}
+
+#[test]
+fn register_passing_onto_refused_changes_nothing() {
+    let manager = manager(8);
+    let other = crate::manager(4);
+    let hashes = chain(1, 4);
+    let mut table = register(&manager, &hashes[..1]);
+    let mut passing: std::collections::VecDeque<_> = manager.allocate_blocks(2).unwrap().into();
+    let mut staged = crate::stage(&manager, &hashes[3..]);
+    let before = (manager.metrics(), audit(&manager));
+    let unchanged = |table: &ImmutableBlocks<Gpu>, passing: usize, staged: usize| {
+        assert_eq!((ids(table).len(), passing, staged), (1, 2, 1));
+        assert_eq!((manager.metrics(), audit(&manager)), before);
+    };
+
+    // More hashes than passing blocks.
+    let error = manager
+        .register_passing_onto(&mut table, &mut passing, &hashes[..3], &mut staged, &[])
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::InsufficientBlocks { .. }
+    ));
+    unchanged(&table, passing.len(), staged.len());
+    // Tokens of the wrong length.
+    let error = manager
+        .register_passing_onto(&mut table, &mut passing, &hashes[1..3], &mut staged, &[1])
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::TokenCountMismatch { .. }
+    ));
+    unchanged(&table, passing.len(), staged.len());
+    // A passing block of another manager.
+    passing.push_front(other.allocate_blocks(1).unwrap().pop().unwrap());
+    let error = manager
+        .register_passing_onto(&mut table, &mut passing, &hashes[..3], &mut staged, &[])
+        .unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    passing.pop_front();
+    unchanged(&table, passing.len(), staged.len());
+    // Another manager's table.
+    let mut foreign = register(&other, &chain(9, 1));
+    let error = manager
+        .register_passing_onto(&mut foreign, &mut passing, &hashes[1..3], &mut staged, &[])
+        .unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    assert!(foreign.belongs_to(&other) && foreign.len() == 1);
+    unchanged(&table, passing.len(), staged.len());
+
+    // Accepted: the held block and the passing ones released, the staged
+    // one kept.
+    assert_eq!(
+        manager.register_passing_onto(&mut table, &mut passing, &hashes[1..3], &mut staged, &[]),
+        Ok(3)
+    );
+    assert_eq!(ids(&table).len(), 1);
+    assert!(passing.is_empty() && staged.is_empty());
+    assert_eq!(manager.match_blocks(&hashes).len(), 4);
+    drop(table);
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (0, 4));
 }
