@@ -411,7 +411,10 @@ impl<M> BlockManager<M> {
             let mut pool = self.shared.lock();
             pool.expect_registration(count, tokens.len());
             let mut chunks = tokens.chunks_exact(block_size);
-            for (mut block, &hash) in passing.drain(..fresh).zip(hashes) {
+            // Registered in place (disarmed, they are dropped below),
+            // walking the queue's two slices rather than draining it.
+            let (front, back) = passing.as_mut_slices();
+            for (block, &hash) in front.iter_mut().chain(back).zip(hashes) {
                 let tokens = chunks.next().unwrap_or_default();
                 released.push(pool.register(block.block_id(), hash, tokens).block_id());
                 block.lease.disarm();
@@ -431,6 +434,7 @@ impl<M> BlockManager<M> {
             }
         }
         infos.drain(..held);
+        passing.drain(..fresh);
         trace!(count, fresh, held, "registered, passing and held released");
         // Disarmed: dropping them gives nothing back.
         blocks.clear();
