@@ -65,6 +65,11 @@ pub struct GroupedSequence<M> {
     groups: Arc<KvCacheGroups>,
     /// One per group, index for index with `groups`.
     sequences: Vec<SchedulableSequence<M>>,
+    /// The `kv_position` below which no group has a block to release, as
+    /// the last `release_unread` left the groups (0: unknown). Only a
+    /// decode apply trusts it; every other call that moves positions or
+    /// tables sets it to 0.
+    unread_from: usize,
 }
 
 /// How often a hit is looked up again when a block scanned as cached was
@@ -126,7 +131,11 @@ impl<M> GroupedSequence<M> {
                 .into_iter()
                 .map(|inner| SchedulableSequence::from_inner(inner, HistoryPolicy::Off))
                 .collect();
-        Ok(Self { groups, sequences })
+        Ok(Self {
+            groups,
+            sequences,
+            unread_from: 0,
+        })
     }
 
     /// The groups this request is laid out for.
@@ -238,6 +247,7 @@ impl<M> GroupedSequence<M> {
         &mut self,
         manager: &BlockManager<M>,
     ) -> Result<usize, ScheduleError> {
+        self.unread_from = 0;
         if self.held_blocks() > 0 || self.kv_position() > 0 {
             self.lead().require_idle("match_and_add_prefix")?;
             return Ok(0);
@@ -395,6 +405,7 @@ impl<M> GroupedSequence<M> {
         accepted: &[u32],
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
+        self.unread_from = 0;
         let apply = |seq: &mut SchedulableSequence<M>| seq.apply_speculative(accepted, manager);
         self.apply_all(apply, apply)
     }
@@ -410,6 +421,7 @@ impl<M> GroupedSequence<M> {
         token: Option<u32>,
         manager: &BlockManager<M>,
     ) -> Result<(), ApplyError> {
+        self.unread_from = 0;
         let Some(unread) = self.releases_last() else {
             let apply = |seq: &mut SchedulableSequence<M>| seq.apply_prefill(token, manager);
             return self.apply_all(apply, apply);
@@ -496,21 +508,27 @@ impl<M> GroupedSequence<M> {
 
     /// After an apply: each group releases the blocks it reads no more.
     fn release_unread(&mut self) {
+        let kv_position = self.kv_position();
+        if kv_position < self.unread_from {
+            // Most decode steps move no window past a block.
+            return;
+        }
         let block_size = self.groups.block_size();
+        let mut unread_from = usize::MAX;
         for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
             let kind = group.kind();
-            // A full group reads every block, and most steps move no
-            // window past a block: nothing to release (checked here, as
-            // `release_unread` would, without the call).
-            if kind == AttentionKind::Full
-                || kind.first_needed_block(seq.kv_position(), block_size)
-                    <= seq.inner().skipped_blocks()
-            {
+            // A full group reads every block: nothing to release.
+            if kind == AttentionKind::Full {
                 continue;
             }
-            // Idle after the apply, so this cannot be refused.
-            let _ = seq.release_unread(kind);
+            if kind.first_needed_block(kv_position, block_size) > seq.inner().skipped_blocks() {
+                // Idle after the apply, so this cannot be refused.
+                let _ = seq.release_unread(kind);
+            }
+            let skipped = seq.inner().skipped_blocks();
+            unread_from = unread_from.min(next_unread(kind, skipped, block_size));
         }
+        self.unread_from = unread_from;
     }
 
     /// Undoes the scheduled step in every group.
@@ -552,6 +570,7 @@ impl<M> GroupedSequence<M> {
     ///
     /// [`ApplyError::WrongState`] if a step is scheduled; nothing changes.
     pub fn release(&mut self) -> Result<(), ApplyError> {
+        self.unread_from = 0;
         for seq in &mut self.sequences {
             seq.release()?;
         }
@@ -611,6 +630,27 @@ impl<'a> Probe<'a> {
     }
 }
 
+/// The smallest `kv_position` at which a group of `kind` with `skipped`
+/// blocks released has another to release
+/// ([`AttentionKind::first_needed_block`] passes `skipped`; it never
+/// decreases as the position grows); 0 (ask every time) for a kind this
+/// does not know.
+fn next_unread(kind: AttentionKind, skipped: usize, block_size: usize) -> usize {
+    let block_size = block_size.max(1);
+    let past = skipped.saturating_add(1).saturating_mul(block_size);
+    match kind {
+        AttentionKind::Full => usize::MAX,
+        // (n + 1 - window) / block_size > skipped
+        AttentionKind::SlidingWindow { window } => past.saturating_add(window).saturating_sub(1),
+        // n / chunk * chunk / block_size > skipped
+        AttentionKind::ChunkedLocal { chunk } => {
+            let chunk = chunk.max(1);
+            past.div_ceil(chunk).saturating_mul(chunk)
+        }
+        _ => 0,
+    }
+}
+
 /// `KvCacheGroups` has at least one group, so a grouped sequence has at
 /// least one sequence; reported as a refusal rather than a panic.
 fn no_groups() -> ApplyError {
@@ -630,3 +670,6 @@ impl<M> std::fmt::Debug for GroupedSequence<M> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests;
