@@ -351,6 +351,8 @@ fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
 }
 
 proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz::cases()))]
+
     /// `register_blocks_onto_releasing`, and `register_passing_onto` when
     /// every held block goes, are `register_blocks_onto` then the table's
     /// head released: the same table, counters, events and eviction order
@@ -434,6 +436,8 @@ fn register_onto_releasing_refused_changes_nothing() {
 }
 
 proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz::cases()))]
+
     /// `release_head` is `split_off` of the rest, `clear` and `append`:
     /// the same table, counters and eviction order, with blocks another
     /// handle still pins among the released ones.
