@@ -370,6 +370,212 @@ impl<M> BlockManager<M> {
         Ok(count)
     }
 
+    /// [`register_blocks_onto`](Self::register_blocks_onto), then the
+    /// first `release` blocks of the grown `table` released (last first,
+    /// into the cache if no one else pins them) and removed from it, under
+    /// one lock: for a table whose leading blocks nothing reads any more
+    /// (a sliding window moved past them), including blocks registered by
+    /// this very call, which then never join the table. The registrations,
+    /// events, releases and their order are exactly those of the two calls
+    /// (`register_blocks_onto`, then
+    /// [`split_off`](ImmutableBlocks::split_off) of the kept blocks and
+    /// [`clear`](ImmutableBlocks::clear) of the rest). A `release` past the
+    /// grown table's end releases it all. Returns how many were registered.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).block_size(2).build()?;
+    /// let hashes = [SequenceHash::root(7), SequenceHash::root(7).child(9)];
+    /// let mut table = ImmutableBlocks::new();
+    /// let mut staged = Vec::new();
+    /// for (block, hash) in manager.allocate_blocks(2)?.into_iter().zip(hashes) {
+    ///     staged.push(block.stage(hash, 2)?);
+    /// }
+    /// // The first block is registered and released at once: only the
+    /// // second joins the table.
+    /// assert_eq!(manager.register_blocks_onto_releasing(&mut table, &mut staged, &[], 1)?, 2);
+    /// assert_eq!(table.len(), 1);
+    /// assert_eq!(manager.metrics().inactive_blocks, 1);
+    /// assert_eq!(manager.match_blocks(&hashes).len(), 2); // both matchable
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`register_blocks_onto`](Self::register_blocks_onto). Nothing
+    /// changes on an error: every block stays in `blocks`, the table as it
+    /// was.
+    pub fn register_blocks_onto_releasing(
+        &self,
+        table: &mut ImmutableBlocks<M>,
+        blocks: &mut Vec<CompleteBlock<M>>,
+        tokens: &[u32],
+        release: usize,
+    ) -> Result<usize, BlockError> {
+        let count = blocks.len();
+        let infos = table
+            .refs_for(&self.shared)
+            .ok_or(BlockError::ForeignManager)?;
+        if !blocks.iter().all(|block| self.owns(block.lease.shared())) {
+            return Err(BlockError::ForeignManager);
+        }
+        let block_size = self.shared.block_size;
+        let expected = count.saturating_mul(block_size);
+        if !tokens.is_empty() && tokens.len() != expected {
+            return Err(BlockError::TokenCountMismatch {
+                expected,
+                actual: tokens.len(),
+            });
+        }
+        let held = infos.len();
+        let release = release.min(held.saturating_add(count));
+        // Released from what the table held, and from the new blocks
+        // (which then are never pushed onto it).
+        let from_table = release.min(held);
+        let fresh = release - from_table;
+        let mut released = Vec::with_capacity(fresh);
+        infos.reserve(count - fresh);
+        {
+            let mut pool = self.shared.lock();
+            pool.expect_registration(count, tokens.len());
+            let mut chunks = tokens.chunks_exact(block_size);
+            for (i, block) in blocks.iter_mut().enumerate() {
+                let tokens = chunks.next().unwrap_or_default();
+                let info = pool.register(block.block_id(), block.sequence_hash(), tokens);
+                block.lease.disarm();
+                if i < fresh {
+                    released.push(info.block_id());
+                } else {
+                    infos.push(info);
+                }
+            }
+            pool.flush_if_full();
+            // Last first: the new blocks released, then the table's head.
+            for &id in released.iter().rev() {
+                pool.release(id);
+            }
+            for info in infos[..from_table].iter().rev() {
+                pool.release(info.block_id());
+            }
+        }
+        infos.drain(..from_table);
+        trace!(count, release, "registered, head released");
+        // Disarmed: dropping them gives nothing back.
+        blocks.clear();
+        table.attach(&self.shared);
+        Ok(count)
+    }
+
+    /// [`register_blocks_onto_releasing`](Self::register_blocks_onto_releasing)
+    /// for a step that releases everything before `blocks`: the first
+    /// `hashes.len()` blocks of `passing` (allocated blocks, front first,
+    /// each under its hash of `hashes`) are registered, then `blocks`; then
+    /// the passing blocks are released (last first) and every block `table`
+    /// held (last first), so the table ends holding `blocks`' registrations
+    /// alone. The passing blocks are never staged: the registrations,
+    /// events, releases and their order are those of staging them in front
+    /// of `blocks` and releasing `table.len() + hashes.len()` blocks.
+    /// `tokens` are the passing blocks' then `blocks`' (or empty). Returns
+    /// how many were registered.
+    ///
+    /// ```
+    /// use std::collections::VecDeque;
+    /// use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).block_size(2).build()?;
+    /// let hashes = [SequenceHash::root(7), SequenceHash::root(7).child(9)];
+    /// let mut allocated: VecDeque<_> = manager.allocate_blocks(2)?.into();
+    /// let last = allocated.pop_back().unwrap();
+    /// let mut staged = vec![last.stage(hashes[1], 2)?];
+    /// let mut table = ImmutableBlocks::new();
+    /// // The first block is registered and released at once.
+    /// let registered =
+    ///     manager.register_passing_onto(&mut table, &mut allocated, &hashes[..1], &mut staged, &[])?;
+    /// assert_eq!((registered, table.len()), (2, 1));
+    /// assert!(allocated.is_empty() && staged.is_empty());
+    /// assert_eq!(manager.metrics().inactive_blocks, 1);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`register_blocks_onto`](Self::register_blocks_onto), counting
+    /// the passing blocks among `blocks`, and
+    /// [`BlockError::InsufficientBlocks`] if `passing` has fewer blocks
+    /// than `hashes`. Nothing changes on an error: every block stays where
+    /// it was, the table as it was.
+    pub fn register_passing_onto(
+        &self,
+        table: &mut ImmutableBlocks<M>,
+        passing: &mut std::collections::VecDeque<MutableBlock<M>>,
+        hashes: &[SequenceHash],
+        blocks: &mut Vec<CompleteBlock<M>>,
+        tokens: &[u32],
+    ) -> Result<usize, BlockError> {
+        let fresh = hashes.len();
+        if passing.len() < fresh {
+            return Err(BlockError::InsufficientBlocks {
+                requested: fresh,
+                available: passing.len(),
+            });
+        }
+        let count = fresh + blocks.len();
+        let infos = table
+            .refs_for(&self.shared)
+            .ok_or(BlockError::ForeignManager)?;
+        let ours = |lease: &Lease| self.owns(lease.shared());
+        if !(passing.iter().take(fresh).all(|block| ours(&block.lease))
+            && blocks.iter().all(|block| ours(&block.lease)))
+        {
+            return Err(BlockError::ForeignManager);
+        }
+        let block_size = self.shared.block_size;
+        let expected = count.saturating_mul(block_size);
+        if !tokens.is_empty() && tokens.len() != expected {
+            return Err(BlockError::TokenCountMismatch {
+                expected,
+                actual: tokens.len(),
+            });
+        }
+        let held = infos.len();
+        let mut released = Vec::with_capacity(fresh);
+        infos.reserve(blocks.len());
+        {
+            let mut pool = self.shared.lock();
+            pool.expect_registration(count, tokens.len());
+            let mut chunks = tokens.chunks_exact(block_size);
+            // Registered in place (disarmed, they are dropped below),
+            // walking the queue's two slices rather than draining it.
+            let (front, back) = passing.as_mut_slices();
+            for (block, &hash) in front.iter_mut().chain(back).zip(hashes) {
+                let tokens = chunks.next().unwrap_or_default();
+                released.push(pool.register(block.block_id(), hash, tokens).block_id());
+                block.lease.disarm();
+            }
+            for block in blocks.iter_mut() {
+                let tokens = chunks.next().unwrap_or_default();
+                infos.push(pool.register(block.block_id(), block.sequence_hash(), tokens));
+                block.lease.disarm();
+            }
+            pool.flush_if_full();
+            // Last first: the passing blocks released, then the table's.
+            for &id in released.iter().rev() {
+                pool.release(id);
+            }
+            for info in infos[..held].iter().rev() {
+                pool.release(info.block_id());
+            }
+        }
+        infos.drain(..held);
+        passing.drain(..fresh);
+        trace!(count, fresh, held, "registered, passing and held released");
+        // Disarmed: dropping them gives nothing back.
+        blocks.clear();
+        table.attach(&self.shared);
+        Ok(count)
+    }
+
     /// Registers every block of `blocks` under one lock, appending each
     /// registered block's reference to `infos` and emptying `blocks`; on an
     /// error nothing changes.

@@ -54,6 +54,26 @@ impl<M> SchedulableSequence<M> {
         Ok(())
     }
 
+    /// [`schedule_decode_checked`](Self::schedule_decode_checked) of a
+    /// group whose lead allocated nothing for the step: every group's table
+    /// covers as many slots, so this one needs no block either (see
+    /// `GroupedSequence`).
+    #[inline(always)]
+    pub(crate) fn schedule_decode_covered(&mut self) {
+        debug_assert_eq!(
+            (self.inner).additional_blocks_needed(self.inner.total_tokens()),
+            0
+        );
+        let kv_position = self.kv_position;
+        self.state = SequenceState::DecodeScheduled {
+            blocks_allocated: 0,
+        };
+        self.record(SequenceEvent::DecodeScheduled {
+            kv_position,
+            blocks_allocated: 0,
+        });
+    }
+
     /// Commits the scheduled decode step: the tail token's KV is computed
     /// (`kv_position` advances by one, registering the block it completes,
     /// if any) and `token`, the sampled one, becomes the new tail token.
@@ -108,6 +128,26 @@ impl<M> SchedulableSequence<M> {
             block_completed,
             self.inner.is_complete(),
         ))
+    }
+
+    /// [`apply_decode_checked`](Self::apply_decode_checked) of a group
+    /// whose lead's step registered nothing: groups register alike, so
+    /// this one registers nothing either (see `GroupedSequence`).
+    #[inline(always)]
+    pub(crate) fn apply_decode_unregistered(&mut self, token: u32) -> Result<(), ApplyError> {
+        let kv_position = self.kv_position + 1;
+        debug_assert!(self.registers_nothing_at(kv_position));
+        // Cannot fail: the schedule checked that budget is left.
+        let block_completed = self.inner.append_token(token)?.is_some();
+        self.kv_position = kv_position;
+        self.state = SequenceState::Idle;
+        self.record(SequenceEvent::DecodeApplied {
+            token,
+            kv_position,
+            blocks_registered: 0,
+            block_completed,
+        });
+        Ok(())
     }
 
     /// A decode step that needs no block, in one call:

@@ -65,6 +65,11 @@ pub struct GroupedSequence<M> {
     groups: Arc<KvCacheGroups>,
     /// One per group, index for index with `groups`.
     sequences: Vec<SchedulableSequence<M>>,
+    /// The `kv_position` below which no group has a block to release, as
+    /// the last `release_unread` left the groups (0: unknown). Only a
+    /// decode apply trusts it; every other call that moves positions or
+    /// tables sets it to 0.
+    unread_from: usize,
 }
 
 /// How often a hit is looked up again when a block scanned as cached was
@@ -126,7 +131,11 @@ impl<M> GroupedSequence<M> {
                 .into_iter()
                 .map(|inner| SchedulableSequence::from_inner(inner, HistoryPolicy::Off))
                 .collect();
-        Ok(Self { groups, sequences })
+        Ok(Self {
+            groups,
+            sequences,
+            unread_from: 0,
+        })
     }
 
     /// The groups this request is laid out for.
@@ -238,6 +247,7 @@ impl<M> GroupedSequence<M> {
         &mut self,
         manager: &BlockManager<M>,
     ) -> Result<usize, ScheduleError> {
+        self.unread_from = 0;
         if self.held_blocks() > 0 || self.kv_position() > 0 {
             self.lead().require_idle("match_and_add_prefix")?;
             return Ok(0);
@@ -318,14 +328,31 @@ impl<M> GroupedSequence<M> {
     /// As [`SchedulableSequence::schedule_decode`].
     pub fn schedule_decode(&mut self, manager: &BlockManager<M>) -> Result<(), ScheduleError> {
         // The first group's checks stand for all (they advance alike): on
-        // every decode step the others only allocate and record.
-        self.schedule_all(
-            |lead| lead.schedule_decode(manager),
-            |seq| {
-                debug_assert!(seq.check_decode_preconditions("schedule_decode").is_ok());
-                seq.schedule_decode_checked(manager)
-            },
-        )
+        // every decode step the others only allocate and record, and when
+        // the first allocated nothing (15 steps of 16) neither do they:
+        // every group's table covers as many slots.
+        let [lead, others @ ..] = self.sequences.as_mut_slice() else {
+            return Ok(());
+        };
+        lead.schedule_decode(manager)?;
+        let covered = lead.state()
+            == (crate::SequenceState::DecodeScheduled {
+                blocks_allocated: 0,
+            });
+        for g in 0..others.len() {
+            let seq = &mut others[g];
+            debug_assert!(seq.check_decode_preconditions("schedule_decode").is_ok());
+            if covered {
+                seq.schedule_decode_covered();
+            } else if let Err(error) = seq.schedule_decode_checked(manager) {
+                for done in std::iter::once(lead).chain(&mut others[..g]) {
+                    // Scheduled just now, so revertible.
+                    let _ = done.revert_schedule();
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
     }
 
     /// Schedules the step in every group, all or nothing: `lead` in the
@@ -378,6 +405,7 @@ impl<M> GroupedSequence<M> {
         accepted: &[u32],
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
+        self.unread_from = 0;
         let apply = |seq: &mut SchedulableSequence<M>| seq.apply_speculative(accepted, manager);
         self.apply_all(apply, apply)
     }
@@ -393,8 +421,36 @@ impl<M> GroupedSequence<M> {
         token: Option<u32>,
         manager: &BlockManager<M>,
     ) -> Result<(), ApplyError> {
-        let apply = |seq: &mut SchedulableSequence<M>| seq.apply_prefill(token, manager);
-        self.apply_all(apply, apply)
+        self.unread_from = 0;
+        let Some(unread) = self.releases_last() else {
+            let apply = |seq: &mut SchedulableSequence<M>| seq.apply_prefill(token, manager);
+            return self.apply_all(apply, apply);
+        };
+        // The last group releases its unread blocks as it registers them:
+        // its releases come after every group's registrations either way,
+        // and no other group releases any.
+        let [first, others @ .., last] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        first.apply_prefill(token, manager)?;
+        for seq in others {
+            seq.apply_prefill(token, manager)?;
+        }
+        last.apply_prefill_releasing(token, manager, Some(unread))?;
+        Ok(())
+    }
+
+    /// The last group's kind if it is the only group that releases unread
+    /// blocks (a model of full-attention groups and one sliding window or
+    /// chunk group, last): it may then release them at its registration
+    /// with no other pool operation moving relative to them.
+    fn releases_last(&self) -> Option<AttentionKind> {
+        let [others @ .., last] = self.groups.groups() else {
+            return None;
+        };
+        let full = |kind: AttentionKind| kind == AttentionKind::Full;
+        (!others.is_empty() && !full(last.kind()) && others.iter().all(|g| full(g.kind())))
+            .then(|| last.kind())
     }
 
     /// Commits the scheduled decode step in every group, then releases
@@ -408,17 +464,27 @@ impl<M> GroupedSequence<M> {
         token: u32,
         manager: &BlockManager<M>,
     ) -> Result<DecodeOutcome, ApplyError> {
-        // As `schedule_decode`: the first group's checks stand for all.
-        self.apply_all(
-            |lead| lead.apply_decode(token, manager),
-            |seq| {
-                debug_assert!(matches!(
-                    seq.state(),
-                    crate::SequenceState::DecodeScheduled { .. }
-                ));
-                seq.apply_decode_checked(token, manager)
-            },
-        )
+        // As `schedule_decode`: the first group's checks stand for all, and
+        // groups register alike, so when the first registers nothing (15
+        // steps of 16) the others only append the token.
+        let [lead, others @ ..] = self.sequences.as_mut_slice() else {
+            return Err(no_groups());
+        };
+        let registers = !lead.registers_nothing_at(lead.kv_position() + 1);
+        let outcome = lead.apply_decode(token, manager)?;
+        for seq in others {
+            debug_assert!(matches!(
+                seq.state(),
+                crate::SequenceState::DecodeScheduled { .. }
+            ));
+            if registers {
+                seq.apply_decode_checked(token, manager)?;
+            } else {
+                seq.apply_decode_unregistered(token)?;
+            }
+        }
+        self.release_unread();
+        Ok(outcome)
     }
 
     /// Applies `lead` to the first group (whose refusal changes nothing),
@@ -442,13 +508,27 @@ impl<M> GroupedSequence<M> {
 
     /// After an apply: each group releases the blocks it reads no more.
     fn release_unread(&mut self) {
-        for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
-            // A full group reads every block: nothing to release.
-            if group.kind() != AttentionKind::Full {
-                // Idle after the apply, so this cannot be refused.
-                let _ = seq.release_unread(group.kind());
-            }
+        let kv_position = self.kv_position();
+        if kv_position < self.unread_from {
+            // Most decode steps move no window past a block.
+            return;
         }
+        let block_size = self.groups.block_size();
+        let mut unread_from = usize::MAX;
+        for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
+            let kind = group.kind();
+            // A full group reads every block: nothing to release.
+            if kind == AttentionKind::Full {
+                continue;
+            }
+            if kind.first_needed_block(kv_position, block_size) > seq.inner().skipped_blocks() {
+                // Idle after the apply, so this cannot be refused.
+                let _ = seq.release_unread(kind);
+            }
+            let skipped = seq.inner().skipped_blocks();
+            unread_from = unread_from.min(next_unread(kind, skipped, block_size));
+        }
+        self.unread_from = unread_from;
     }
 
     /// Undoes the scheduled step in every group.
@@ -490,6 +570,7 @@ impl<M> GroupedSequence<M> {
     ///
     /// [`ApplyError::WrongState`] if a step is scheduled; nothing changes.
     pub fn release(&mut self) -> Result<(), ApplyError> {
+        self.unread_from = 0;
         for seq in &mut self.sequences {
             seq.release()?;
         }
@@ -549,6 +630,27 @@ impl<'a> Probe<'a> {
     }
 }
 
+/// The smallest `kv_position` at which a group of `kind` with `skipped`
+/// blocks released has another to release
+/// ([`AttentionKind::first_needed_block`] passes `skipped`; it never
+/// decreases as the position grows); 0 (ask every time) for a kind this
+/// does not know.
+fn next_unread(kind: AttentionKind, skipped: usize, block_size: usize) -> usize {
+    let block_size = block_size.max(1);
+    let past = skipped.saturating_add(1).saturating_mul(block_size);
+    match kind {
+        AttentionKind::Full => usize::MAX,
+        // (n + 1 - window) / block_size > skipped
+        AttentionKind::SlidingWindow { window } => past.saturating_add(window).saturating_sub(1),
+        // n / chunk * chunk / block_size > skipped
+        AttentionKind::ChunkedLocal { chunk } => {
+            let chunk = chunk.max(1);
+            past.div_ceil(chunk).saturating_mul(chunk)
+        }
+        _ => 0,
+    }
+}
+
 /// `KvCacheGroups` has at least one group, so a grouped sequence has at
 /// least one sequence; reported as a refusal rather than a panic.
 fn no_groups() -> ApplyError {
@@ -568,3 +670,6 @@ impl<M> std::fmt::Debug for GroupedSequence<M> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,7 @@
 //! Prefill (and recompute) chunks: `schedule_prefill` / `apply_prefill`.
 
 use kvbm_blocks::BlockManager;
+use kvbm_sequence::AttentionKind;
 use tracing::{instrument, trace};
 
 use crate::{ApplyError, SchedulableSequence, ScheduleError, SequenceEvent, SequenceState};
@@ -89,6 +90,20 @@ impl<M> SchedulableSequence<M> {
         token: Option<u32>,
         manager: &BlockManager<M>,
     ) -> Result<(), ApplyError> {
+        self.apply_prefill_releasing(token, manager, None)
+    }
+
+    /// [`apply_prefill`](Self::apply_prefill), then, for a group of
+    /// `unread` layers, [`release_unread`](Self::release_unread) in the
+    /// same pass: the chunk's blocks the layers read no more go straight
+    /// into the cache instead of joining the table first (the pool sees
+    /// the same operations in the same order).
+    pub(crate) fn apply_prefill_releasing(
+        &mut self,
+        token: Option<u32>,
+        manager: &BlockManager<M>,
+        unread: Option<AttentionKind>,
+    ) -> Result<(), ApplyError> {
         let SequenceState::PrefillScheduled { num_tokens, .. } = self.state else {
             return Err(ApplyError::WrongState {
                 operation: "apply_prefill",
@@ -116,7 +131,10 @@ impl<M> SchedulableSequence<M> {
         self.check_manager(manager)?;
         // Registration first: it is the only fallible commit step, and the
         // token (if any) only fills a block that is not registered now.
-        let blocks_registered = self.register_computed(chunk_end, manager)?;
+        let (blocks_registered, released) = match unread {
+            None => (self.register_computed(chunk_end, manager)?, 0),
+            Some(kind) => self.register_computed_releasing(chunk_end, kind, manager)?,
+        };
         if let Some(token) = token {
             // Cannot fail: `emits` means output budget is left.
             self.inner.append_token(token)?;
@@ -130,6 +148,12 @@ impl<M> SchedulableSequence<M> {
             blocks_registered,
             token,
         });
+        if released > 0 {
+            self.record(SequenceEvent::UnreadReleased {
+                count: released,
+                kv_position: chunk_end,
+            });
+        }
         Ok(())
     }
 }

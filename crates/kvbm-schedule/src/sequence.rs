@@ -5,7 +5,9 @@
 use std::fmt;
 
 use kvbm_blocks::{BlockError, BlockId, BlockManager};
-use kvbm_sequence::{HashedPrompt, PromptTokens, RequestSequence, Salt, SequenceError, Tokens};
+use kvbm_sequence::{
+    AttentionKind, HashedPrompt, PromptTokens, RequestSequence, Salt, SequenceError, Tokens,
+};
 
 use crate::{
     ApplyError, EventLog, HistoryPolicy, SchedulableSequenceBuilder, ScheduleError, SequenceEvent,
@@ -389,6 +391,30 @@ impl<M> SchedulableSequence<M> {
         }
         self.inner
             .complete_and_register_up_to(kv_position / self.inner.block_size(), manager)
+    }
+
+    /// [`register_computed`](Self::register_computed), then the blocks
+    /// layers of `kind` read no more once `kv_position` tokens are computed
+    /// released, those registered just now straight into the cache.
+    /// Returns how many were registered and how many released.
+    pub(crate) fn register_computed_releasing(
+        &mut self,
+        kv_position: usize,
+        kind: AttentionKind,
+        manager: &BlockManager<M>,
+    ) -> Result<(usize, usize), SequenceError> {
+        let block_size = self.inner.block_size();
+        let first = kind.first_needed_block(kv_position, block_size);
+        if first <= self.inner.skipped_blocks() {
+            // Nothing to release (`release_unread` would return early).
+            return Ok((self.register_computed(kv_position, manager)?, 0));
+        }
+        if self.registers_nothing_at(kv_position) {
+            // A window passing a block boundary inside a block.
+            return Ok((0, self.inner.skip_to(first)));
+        }
+        self.inner
+            .complete_register_and_skip_to(kv_position / block_size, first, manager)
     }
 
     /// Whether registering the computed blocks up to `kv_position` (what

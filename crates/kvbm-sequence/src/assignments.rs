@@ -101,14 +101,11 @@ impl<M> LogicalBlockAssignments<M> {
             .saturating_sub(self.skipped)
             .min(self.assigned.len());
         if released > 0 {
-            // Clearing the head releases it last block first, the order of
-            // vLLM's `remove_skipped_blocks`. The kept blocks move back into
+            // The head is released last block first, the order of vLLM's
+            // `remove_skipped_blocks`; the kept blocks move to the front of
             // the table's own buffer, so the next registration appends
             // without growing a buffer cut to the kept length.
-            let kept = self.assigned.split_off(released);
-            self.assigned.clear();
-            // Cannot fail: both halves come from the same batch.
-            let _ = self.assigned.append(kept);
+            self.assigned.release_head(released);
             self.skipped += released;
         }
         if self.assigned.is_empty() && self.staged.is_empty() {
@@ -251,7 +248,17 @@ impl<M> LogicalBlockAssignments<M> {
         sequence: &BlockSequence,
         up_to: usize,
     ) -> Result<usize, SequenceError> {
-        let start = self.assigned_end() + self.staged.len();
+        self.stage_from(self.assigned_end() + self.staged.len(), sequence, up_to)
+    }
+
+    /// [`stage`](Self::stage) with the first unassigned block bound to
+    /// block index `start` (`stage` passes the first index with no block).
+    fn stage_from(
+        &mut self,
+        start: usize,
+        sequence: &BlockSequence,
+        up_to: usize,
+    ) -> Result<usize, SequenceError> {
         let end = up_to
             .min(sequence.num_blocks())
             .min(start + self.unassigned.len());
@@ -328,6 +335,147 @@ impl<M> LogicalBlockAssignments<M> {
         // none), so an error is the staged blocks', which stay staged.
         manager.register_blocks_onto(&mut self.assigned, &mut self.staged, &tokens)?;
         Ok(incoming)
+    }
+
+    /// [`register`](Self::register) then [`skip_to`](Self::skip_to)`(first_needed)`
+    /// in one pass: blocks registered here that fall below `first_needed`
+    /// go straight into the cache and never join the assigned prefix (a
+    /// sliding window that a prefill chunk moved past most of its new
+    /// blocks). The pool sees the same registrations, events and releases,
+    /// in the same order, as the two calls. Returns how many blocks were
+    /// registered and how many released.
+    ///
+    /// # Errors
+    ///
+    /// As [`register`](Self::register); nothing is released then.
+    pub fn register_and_skip_to(
+        &mut self,
+        manager: &BlockManager<M>,
+        sequence: &BlockSequence,
+        first_needed: usize,
+    ) -> Result<(usize, usize), SequenceError> {
+        if self.staged.is_empty() {
+            return Ok((0, self.skip_to(first_needed)));
+        }
+        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
+            return Err(SequenceError::ForeignManager);
+        }
+        let block_size = sequence.block_size();
+        let first = self.assigned_end().saturating_mul(block_size);
+        let tokens = (sequence.tokens())
+            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
+            .unwrap_or_default();
+        let incoming = self.staged.len();
+        // What `skip_to` would release once the staged blocks are assigned.
+        let release = first_needed
+            .saturating_sub(self.skipped)
+            .min(self.assigned.len() + incoming);
+        manager.register_blocks_onto_releasing(
+            &mut self.assigned,
+            &mut self.staged,
+            &tokens,
+            release,
+        )?;
+        self.skipped += release;
+        if self.assigned.is_empty() {
+            self.skipped = self.skipped.max(first_needed);
+        }
+        Ok((incoming, release))
+    }
+
+    /// [`stage`](Self::stage)`(sequence, up_to)` then
+    /// [`register_and_skip_to`](Self::register_and_skip_to)`(manager, sequence, first_needed)`,
+    /// without staging the blocks that would be released at once: those
+    /// go from the unassigned queue straight into the cache
+    /// ([`BlockManager::register_passing_onto`]), in the same order of
+    /// registrations and releases. Returns how many blocks were registered
+    /// and how many released.
+    ///
+    /// # Errors
+    ///
+    /// As `stage` and `register_and_skip_to` when those blocks would not
+    /// be released at once (it is then those two calls). Otherwise nothing
+    /// changes on error: [`SequenceError::ForeignManager`] or
+    /// [`SequenceError::Block`] (`ForeignManager`) if the assigned or the
+    /// unassigned blocks are another manager's, or
+    /// [`SequenceError::BlockSizeMismatch`] if `manager`'s block size is
+    /// not `sequence`'s.
+    pub fn stage_register_and_skip_to(
+        &mut self,
+        manager: &BlockManager<M>,
+        sequence: &BlockSequence,
+        up_to: usize,
+        first_needed: usize,
+    ) -> Result<(usize, usize), SequenceError> {
+        let start = self.assigned_end();
+        let end = (up_to.min(sequence.num_blocks())).min(start + self.unassigned.len());
+        let passing = first_needed.min(end).saturating_sub(start);
+        if passing == 0 || !self.staged.is_empty() {
+            self.stage(sequence, up_to)?;
+            return self.register_and_skip_to(manager, sequence, first_needed);
+        }
+        // Everything the registration could refuse, checked first.
+        let block_size = sequence.block_size();
+        if manager.block_size() != block_size {
+            return Err(SequenceError::BlockSizeMismatch {
+                sequence: block_size,
+                manager: manager.block_size(),
+            });
+        }
+        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
+            return Err(SequenceError::ForeignManager);
+        }
+        if !(self.unassigned.iter().take(end - start)).all(|block| block.belongs_to(manager)) {
+            return Err(SequenceError::Block(
+                kvbm_blocks::BlockError::ForeignManager,
+            ));
+        }
+        let hashes = sequence.sequence_hashes();
+        let (Some(passed), Some(_)) = (hashes.get(start..start + passing), hashes.get(start..end))
+        else {
+            // Unreachable: `end` is bounded by the sequence's blocks.
+            return Err(SequenceError::MatchedBeyondSequence {
+                position: start,
+                matched: end - start,
+                full_blocks: sequence.num_blocks(),
+            });
+        };
+        // The passing blocks leave the queue; the ones after them are
+        // staged as usual.
+        let rest = self.unassigned.split_off(passing);
+        let mut passing_blocks = std::mem::replace(&mut self.unassigned, rest);
+        self.stage_from(start + passing, sequence, up_to)?;
+        let first = start.saturating_mul(block_size);
+        let tokens = (sequence.tokens())
+            .range(first..end.saturating_mul(block_size))
+            .unwrap_or_default();
+        let held = self.assigned.len();
+        match manager.register_passing_onto(
+            &mut self.assigned,
+            &mut passing_blocks,
+            passed,
+            &mut self.staged,
+            &tokens,
+        ) {
+            Ok(registered) => {
+                self.skipped += held + passing;
+                if self.assigned.is_empty() {
+                    self.skipped = self.skipped.max(first_needed);
+                }
+                Ok((registered, held + passing))
+            }
+            Err(error) => {
+                // Unreachable after the checks above; still, nothing moved:
+                // every block goes back to the queue, in order.
+                for block in self.staged.drain(..).rev() {
+                    self.unassigned.push_front(block.reset());
+                }
+                for block in passing_blocks.into_iter().rev() {
+                    self.unassigned.push_front(block);
+                }
+                Err(error.into())
+            }
+        }
     }
 
     /// Removes the most recently added unassigned block (LIFO), for the

@@ -710,6 +710,33 @@ impl<M> RequestSequence<M> {
         self.assignments.skip_to(first_needed)
     }
 
+    /// [`complete_and_register_up_to`](Self::complete_and_register_up_to)`(num_blocks, ..)`
+    /// then [`skip_to`](Self::skip_to)`(first_needed)`, with the blocks
+    /// registered below `first_needed` released straight into the cache
+    /// ([`LogicalBlockAssignments::register_and_skip_to`]): what a sliding
+    /// window's step does. Returns how many blocks were registered and how
+    /// many released.
+    ///
+    /// # Errors
+    ///
+    /// As [`complete_and_register_up_to`](Self::complete_and_register_up_to);
+    /// nothing is released then.
+    pub fn complete_register_and_skip_to(
+        &mut self,
+        num_blocks: usize,
+        first_needed: usize,
+        manager: &BlockManager<M>,
+    ) -> Result<(usize, usize), SequenceError> {
+        self.check_manager(manager)?;
+        let first_needed = first_needed.min(self.num_blocks());
+        self.assignments.stage_register_and_skip_to(
+            manager,
+            &self.sequence,
+            num_blocks,
+            first_needed,
+        )
+    }
+
     /// Skipped plus held blocks: the token slots the page table covers,
     /// in blocks.
     fn covered_blocks(&self) -> usize {

@@ -111,6 +111,7 @@ impl InactivePool {
 
     /// Picks the next victim and removes it from the pool. The caller
     /// unregisters it and then calls [`on_evicted`](Self::on_evicted).
+    /// Inlined: a dispatch to the policy, once per evicted block.
     #[inline]
     pub(crate) fn evict(&mut self) -> Option<BlockId> {
         match self {

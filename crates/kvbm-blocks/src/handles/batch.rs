@@ -234,6 +234,26 @@ impl<M> ImmutableBlocks<M> {
         self.truncate(0);
     }
 
+    /// Releases the first `count` blocks (all of them if fewer), last
+    /// first, and moves the rest to the front: what
+    /// [`split_off`](Self::split_off)`(count)` of the rest,
+    /// [`clear`](Self::clear) and [`append`](Self::append)ing the rest
+    /// back do, with no second batch. For a table whose head nothing reads
+    /// any more (a sliding window moved past it).
+    pub fn release_head(&mut self, count: usize) {
+        let count = count.min(self.blocks.len());
+        if count == 0 {
+            return;
+        }
+        if let Some(shared) = &self.shared {
+            let mut pool = shared.lock();
+            for info in self.blocks[..count].iter().rev() {
+                pool.release(info.block_id());
+            }
+        }
+        self.blocks.drain(..count);
+    }
+
     /// Splits off the blocks from `at` on into a new batch. If `at` is past
     /// the end, the new batch is empty.
     pub fn split_off(&mut self, at: usize) -> Self {

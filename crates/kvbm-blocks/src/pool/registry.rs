@@ -51,7 +51,8 @@ impl Registry {
     }
 
     /// Registers `id` under `value` unless a block is registered under it
-    /// already, which it returns instead (one probe for both).
+    /// already, which it returns instead (one probe for both). Inlined into
+    /// `PoolState::register`, its one caller, which runs once per block.
     #[inline]
     pub(super) fn insert_or_get(
         &mut self,
@@ -76,7 +77,6 @@ impl Registry {
 
     /// Unregisters `id`, registered under `value`; whether it was there.
     /// Only ids are compared, so the slot's key is not read.
-    #[inline]
     pub(super) fn remove(&mut self, value: u128, id: BlockId) -> bool {
         match self
             .table

@@ -1,6 +1,6 @@
 //! `ImmutableBlocks`: one reference to the pool, many pinned blocks.
 
-use kvbm_blocks::{BlockId, ImmutableBlocks};
+use kvbm_blocks::{BlockId, ImmutableBlocks, SequenceHash};
 
 use crate::{Gpu, audit, chain, manager, register};
 
@@ -225,4 +225,328 @@ fn register_blocks_onto_appends_to_the_table_and_a_refusal_changes_nothing() {
     drop((table, foreign));
     let a = audit(&manager);
     assert_eq!((a.active_blocks, a.inactive_blocks), (0, 5));
+}
+
+/// What one side of [`register_releasing_case`] leaves: the table, the
+/// pool's counters and partition, the events and the eviction order.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    table: Vec<u32>,
+    metrics: kvbm_blocks::PoolMetrics,
+    events: Vec<String>,
+    evicted: Vec<SequenceHash>,
+}
+
+/// A table of `held` blocks and `staged` more to register, releasing the
+/// first `release` of them, in a pool where another request cached the
+/// first `shared` blocks of the chain and still pins `pinned` of them.
+#[derive(Clone, Copy, Debug)]
+struct ReleasingCase {
+    eviction: kvbm_blocks::EvictionPolicy,
+    duplicates: kvbm_blocks::DuplicatePolicy,
+    shared: usize,
+    pinned: usize,
+    held: usize,
+    staged: usize,
+    release: usize,
+}
+
+/// How [`register_releasing_case`] registers and releases.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ReleasePath {
+    /// `register_blocks_onto`, then the table's split and clear, as a
+    /// sequence's `register` then `skip_to` did.
+    Unfused,
+    /// `register_blocks_onto_releasing`.
+    Releasing,
+    /// `register_passing_onto`, the released new blocks never staged (a
+    /// case releasing every held block).
+    Passing,
+}
+
+/// Runs `case` through `path`.
+fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
+    let ReleasingCase {
+        eviction,
+        duplicates,
+        shared,
+        pinned,
+        held,
+        staged,
+        release,
+    } = case;
+    let manager = kvbm_blocks::BlockManager::<Gpu>::builder()
+        .block_count(32)
+        .block_size(crate::BLOCK_SIZE)
+        .eviction(eviction)
+        .duplicates(duplicates)
+        .build()
+        .unwrap();
+    let hashes = chain(1, held + staged);
+    // Another request cached part of the chain (some of it still pinned),
+    // and unrelated blocks, so registrations deduplicate or revive.
+    let mut other = register(&manager, &hashes[..shared.min(hashes.len())]);
+    register(&manager, &chain(100, 3)).clear();
+    let pin = other.clone_range(0..pinned.min(other.len()));
+    other.clear();
+    let subscription = manager.subscribe_events(64);
+    let _ = subscription.drain();
+    let mut table = register(&manager, &hashes[..held]);
+    let mut allocated: std::collections::VecDeque<_> =
+        manager.allocate_blocks(staged).unwrap().into();
+    let passing = match path {
+        ReleasePath::Passing => release.saturating_sub(held).min(staged),
+        ReleasePath::Unfused | ReleasePath::Releasing => 0,
+    };
+    let mut blocks: Vec<_> = (allocated.split_off(passing).into_iter())
+        .zip(&hashes[held + passing..])
+        .map(|(block, &hash)| block.stage(hash, crate::BLOCK_SIZE).unwrap())
+        .collect();
+    let tokens: Vec<u32> = (0..(staged * crate::BLOCK_SIZE) as u32).collect();
+    if path == ReleasePath::Passing {
+        assert!(release >= held, "a passing case releases every held block");
+        let passed = &hashes[held..held + passing];
+        let registered = manager
+            .register_passing_onto(&mut table, &mut allocated, passed, &mut blocks, &tokens)
+            .unwrap();
+        assert_eq!(registered, staged);
+        assert!(allocated.is_empty());
+    } else if path == ReleasePath::Releasing {
+        let registered =
+            (manager.register_blocks_onto_releasing(&mut table, &mut blocks, &tokens, release))
+                .unwrap();
+        assert_eq!(registered, staged);
+    } else {
+        manager
+            .register_blocks_onto(&mut table, &mut blocks, &tokens)
+            .unwrap();
+        let kept = table.split_off(release);
+        table.clear();
+        table.append(kept).unwrap();
+    }
+    assert!(blocks.is_empty());
+    audit(&manager);
+    manager.flush_events();
+    let events = (subscription.drain().iter())
+        .flat_map(|message| match message {
+            kvbm_blocks::EventMessage::Batch(batch) => {
+                batch.events().map(|e| format!("{e:?}")).collect()
+            }
+            other => vec![format!("{other:?}")],
+        })
+        .collect();
+    let outcome_table = ids(&table);
+    let metrics = manager.metrics();
+    drop((table, pin));
+    let evicted = manager
+        .allocate_blocks_with_evictions(manager.available_blocks())
+        .unwrap()
+        .evicted;
+    Outcome {
+        table: outcome_table,
+        metrics,
+        events,
+        evicted,
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz::cases()))]
+
+    /// `register_blocks_onto_releasing`, and `register_passing_onto` when
+    /// every held block goes, are `register_blocks_onto` then the table's
+    /// head released: the same table, counters, events and eviction order
+    /// under every policy, with deduplicated, revived and pinned blocks
+    /// among the released ones.
+    #[test]
+    fn fuzz_register_onto_releasing_matches_register_then_release(
+        eviction in proptest::sample::select(vec![
+            kvbm_blocks::EvictionPolicy::Lru,
+            kvbm_blocks::EvictionPolicy::MultiLevelLru,
+            kvbm_blocks::EvictionPolicy::Lineage,
+        ]),
+        duplicates in proptest::sample::select(vec![
+            kvbm_blocks::DuplicatePolicy::Deduplicate,
+            kvbm_blocks::DuplicatePolicy::Allow,
+        ]),
+        held in 0usize..6,
+        staged in 0usize..10,
+        shared in 0usize..12,
+        pinned in 0usize..6,
+        release in 0usize..18,
+    ) {
+        let case = ReleasingCase { eviction, duplicates, shared, pinned, held, staged, release };
+        let unfused = register_releasing_case(case, ReleasePath::Unfused);
+        proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Releasing), &unfused);
+        if release >= held {
+            proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Passing), &unfused);
+        }
+    }
+}
+
+#[test]
+fn register_onto_releasing_refused_changes_nothing() {
+    let manager = manager(8);
+    let other = crate::manager(2);
+    let hashes = chain(1, 4);
+    let mut table = register(&manager, &hashes[..2]);
+    let mut staged = crate::stage(&manager, &hashes[2..]);
+    let before = (manager.metrics(), audit(&manager));
+
+    // Tokens of the wrong length: refused, nothing registered or released.
+    let error = (manager.register_blocks_onto_releasing(&mut table, &mut staged, &[1, 2, 3], 3))
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::TokenCountMismatch { .. }
+    ));
+    assert_eq!((ids(&table), staged.len()), (vec![0, 1], 2));
+    assert_eq!((manager.metrics(), audit(&manager)), before);
+    // Another manager's table: refused the same way, that table untouched.
+    let mut foreign = register(&other, &chain(9, 1));
+    let error =
+        (manager.register_blocks_onto_releasing(&mut foreign, &mut staged, &[], 3)).unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    assert_eq!((foreign.len(), staged.len()), (1, 2));
+    assert!(foreign.belongs_to(&other));
+    // Another manager's blocks: refused too.
+    let mut strays = crate::stage(&other, &chain(20, 1));
+    let error =
+        (manager.register_blocks_onto_releasing(&mut table, &mut strays, &[], 3)).unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    assert_eq!((ids(&table), strays.len()), (vec![0, 1], 1));
+    assert_eq!((manager.metrics(), audit(&manager)), before);
+
+    // Accepted: the two held and the first new block are released, last
+    // first; a release past the end releases everything.
+    assert_eq!(
+        manager.register_blocks_onto_releasing(&mut table, &mut staged, &[], 3),
+        Ok(2)
+    );
+    assert_eq!(ids(&table), [3]);
+    assert_eq!(manager.match_blocks(&hashes).len(), 4);
+    let mut last = crate::stage(&manager, &chain(1, 5)[4..]);
+    assert_eq!(
+        manager.register_blocks_onto_releasing(&mut table, &mut last, &[], 99),
+        Ok(1)
+    );
+    assert!(table.is_empty() && table.belongs_to(&manager));
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (0, 5));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz::cases()))]
+
+    /// `release_head` is `split_off` of the rest, `clear` and `append`:
+    /// the same table, counters and eviction order, with blocks another
+    /// handle still pins among the released ones.
+    #[test]
+    fn fuzz_release_head_matches_split_clear_append(
+        len in 0usize..10,
+        pinned in proptest::collection::vec(proptest::bool::ANY, 10),
+        count in 0usize..12,
+    ) {
+        let case = |in_place: bool| {
+            let manager = manager(16);
+            let mut table = register(&manager, &chain(1, len));
+            let pins: Vec<_> = (0..len)
+                .filter(|&i| pinned[i])
+                .filter_map(|i| table.get(i))
+                .collect();
+            if in_place {
+                table.release_head(count);
+            } else {
+                let kept = table.split_off(count);
+                table.clear();
+                table.append(kept).unwrap();
+            }
+            audit(&manager);
+            let (ids, metrics) = (ids(&table), manager.metrics());
+            drop((table, pins));
+            let evicted = manager
+                .allocate_blocks_with_evictions(manager.available_blocks())
+                .unwrap()
+                .evicted;
+            (ids, metrics, evicted)
+        };
+        proptest::prop_assert_eq!(case(true), case(false));
+    }
+}
+
+#[test]
+fn release_head_of_an_empty_table_or_of_no_block_changes_nothing() {
+    let manager = manager(4);
+    let mut empty = ImmutableBlocks::<Gpu>::new();
+    empty.release_head(3);
+    assert!(empty.is_empty());
+    let mut table = register(&manager, &chain(1, 2));
+    table.release_head(0);
+    assert_eq!(ids(&table), [0, 1]);
+    table.release_head(9);
+    assert!(table.is_empty() && table.belongs_to(&manager));
+    assert_eq!(audit(&manager).inactive_blocks, 2);
+}
+
+#[test]
+fn register_passing_onto_refused_changes_nothing() {
+    let manager = manager(8);
+    let other = crate::manager(4);
+    let hashes = chain(1, 4);
+    let mut table = register(&manager, &hashes[..1]);
+    let mut passing: std::collections::VecDeque<_> = manager.allocate_blocks(2).unwrap().into();
+    let mut staged = crate::stage(&manager, &hashes[3..]);
+    let before = (manager.metrics(), audit(&manager));
+    let unchanged = |table: &ImmutableBlocks<Gpu>, passing: usize, staged: usize| {
+        assert_eq!((ids(table).len(), passing, staged), (1, 2, 1));
+        assert_eq!((manager.metrics(), audit(&manager)), before);
+    };
+
+    // More hashes than passing blocks.
+    let error = manager
+        .register_passing_onto(&mut table, &mut passing, &hashes[..3], &mut staged, &[])
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::InsufficientBlocks { .. }
+    ));
+    unchanged(&table, passing.len(), staged.len());
+    // Tokens of the wrong length.
+    let error = manager
+        .register_passing_onto(&mut table, &mut passing, &hashes[1..3], &mut staged, &[1])
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        kvbm_blocks::BlockError::TokenCountMismatch { .. }
+    ));
+    unchanged(&table, passing.len(), staged.len());
+    // A passing block of another manager.
+    passing.push_front(other.allocate_blocks(1).unwrap().pop().unwrap());
+    let error = manager
+        .register_passing_onto(&mut table, &mut passing, &hashes[..3], &mut staged, &[])
+        .unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    passing.pop_front();
+    unchanged(&table, passing.len(), staged.len());
+    // Another manager's table.
+    let mut foreign = register(&other, &chain(9, 1));
+    let error = manager
+        .register_passing_onto(&mut foreign, &mut passing, &hashes[1..3], &mut staged, &[])
+        .unwrap_err();
+    assert_eq!(error, kvbm_blocks::BlockError::ForeignManager);
+    assert!(foreign.belongs_to(&other) && foreign.len() == 1);
+    unchanged(&table, passing.len(), staged.len());
+
+    // Accepted: the held block and the passing ones released, the staged
+    // one kept.
+    assert_eq!(
+        manager.register_passing_onto(&mut table, &mut passing, &hashes[1..3], &mut staged, &[]),
+        Ok(3)
+    );
+    assert_eq!(ids(&table).len(), 1);
+    assert!(passing.is_empty() && staged.is_empty());
+    assert_eq!(manager.match_blocks(&hashes).len(), 4);
+    drop(table);
+    let a = audit(&manager);
+    assert_eq!((a.active_blocks, a.inactive_blocks), (0, 4));
 }

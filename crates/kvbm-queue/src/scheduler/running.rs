@@ -265,6 +265,10 @@ impl<M> Running<M> {
     /// Appends to `out` the blocks the engine learns for one table: the
     /// whole held table when it starts fresh, else the `fresh` blocks
     /// allocated last.
+    // Inlined into `push_work`, its one caller, which runs for every
+    // scheduled request: left alone, the inliner dropped it as unrelated
+    // code changed.
+    #[inline]
     fn table_update(
         seq: &SchedulableSequence<M>,
         resumed: bool,

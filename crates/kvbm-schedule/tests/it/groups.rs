@@ -427,3 +427,159 @@ fn a_decode_a_later_group_cannot_allocate_leaves_every_group_idle() {
     assert_eq!(seq.kv_position(), 2 * BLOCK_SIZE + 1);
     assert!((0..2).all(|g| seq.group(g).expect("a group").kv_position() == seq.kv_position()));
 }
+
+/// One request of a [`Full`, `last`] model driven the way a
+/// `GroupedSequence` drove its groups before the last group released its
+/// unread blocks at registration: every group schedules and applies, then
+/// the window group releases what it reads no more. The reference of
+/// `a_last_window_group_releasing_at_registration_matches_releasing_after`.
+///
+/// [`Full`]: AttentionKind::Full
+struct Unfused {
+    groups: Vec<kvbm_schedule::SchedulableSequence<Gpu>>,
+    last: AttentionKind,
+}
+
+impl Unfused {
+    fn new(prompt: &[u32], max_output: usize, last: AttentionKind) -> Self {
+        let groups = (0..2)
+            .map(|g| {
+                kvbm_schedule::SchedulableSequence::builder(prompt.to_vec(), max_output, BLOCK_SIZE)
+                    .salt(kvbm_sequence::Salt::NONE.for_group(g))
+                    .build()
+                    .expect("valid")
+            })
+            .collect();
+        Self { groups, last }
+    }
+
+    fn schedule(
+        &mut self,
+        mut step: impl FnMut(&mut kvbm_schedule::SchedulableSequence<Gpu>) -> bool,
+    ) {
+        if step(&mut self.groups[0]) && !step(&mut self.groups[1]) {
+            self.groups[0].revert_schedule().expect("just scheduled");
+        }
+    }
+
+    fn apply(&mut self, next: u32, pool: &BlockManager<Gpu>) {
+        for seq in &mut self.groups {
+            match seq.state() {
+                SequenceState::PrefillScheduled { .. } => {
+                    if seq.apply_prefill(None, pool).is_err() {
+                        seq.apply_prefill(Some(next), pool).expect("one is right");
+                    }
+                }
+                SequenceState::DecodeScheduled { .. } => {
+                    seq.apply_decode(next, pool).expect("scheduled");
+                }
+                _ => return,
+            }
+        }
+        self.groups[1].release_unread(self.last).expect("idle");
+    }
+
+    fn tables(&self) -> Vec<(usize, Vec<kvbm_blocks::BlockId>)> {
+        (self.groups.iter())
+            .map(|seq| (seq.inner().skipped_blocks(), seq.block_ids().collect()))
+            .collect()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases(256)))]
+
+    /// A model whose last group is its only window (or chunk) group, as
+    /// gpt-oss's, releases that group's unread blocks as it registers them
+    /// (most of a long prefill chunk's never join its table). The pool must
+    /// not tell: the same tables, counters, events and eviction order as
+    /// registering every block and releasing the unread ones after.
+    #[test]
+    fn fuzz_a_last_window_group_releasing_at_registration_matches_releasing_after(
+        window in 1..6usize,
+        chunked in any::<bool>(),
+        prompts in long_prompts(),
+        pool_blocks in 12..80usize,
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        let last = if chunked {
+            AttentionKind::ChunkedLocal { chunk: window * BLOCK_SIZE }
+        } else {
+            AttentionKind::SlidingWindow { window: window * BLOCK_SIZE }
+        };
+        let groups = Arc::new(KvCacheGroups::new(
+            BLOCK_SIZE,
+            vec![KvCacheGroup::new(AttentionKind::Full, 1), KvCacheGroup::new(last, 1)],
+        ).expect("valid groups"));
+        let (fused_pool, unfused_pool) = (manager(pool_blocks), manager(pool_blocks));
+        let (fused_events, unfused_events) =
+            (fused_pool.subscribe_events(1 << 16), unfused_pool.subscribe_events(1 << 16));
+        let mut fused: Vec<GroupedSequence<Gpu>> = (prompts.iter())
+            .map(|(p, m)| GroupedSequence::new(p.clone(), *m, groups.clone()).expect("valid"))
+            .collect();
+        let mut unfused: Vec<Unfused> =
+            prompts.iter().map(|(p, m)| Unfused::new(p, *m, last)).collect();
+        for op in &ops {
+            let r = match *op {
+                Op::Prefill(r, _) | Op::Decode(r) | Op::Apply(r) | Op::Preempt(r) => {
+                    r % fused.len()
+                }
+                _ => continue,
+            };
+            let (seq, reference) = (&mut fused[r], &mut unfused[r]);
+            match *op {
+                Op::Prefill(_, n) => {
+                    let n = (n * 8).min(seq.remaining_prefill_tokens());
+                    let _ = seq.schedule_prefill(n, &fused_pool);
+                    reference.schedule(|g| g.schedule_prefill(n, &unfused_pool).is_ok());
+                }
+                Op::Decode(_) => {
+                    let _ = seq.schedule_decode(&fused_pool);
+                    reference.schedule(|g| g.schedule_decode(&unfused_pool).is_ok());
+                }
+                Op::Apply(_) => {
+                    let next = 500 + seq.tokens().len() as u32;
+                    match seq.state() {
+                        SequenceState::PrefillScheduled { .. } => {
+                            apply_prefill(seq, next, &fused_pool)
+                        }
+                        SequenceState::DecodeScheduled { .. } => {
+                            seq.apply_decode(next, &fused_pool).expect("scheduled");
+                        }
+                        _ => {}
+                    }
+                    reference.apply(next, &unfused_pool);
+                }
+                _ => {
+                    let _ = seq.release();
+                    for g in &mut reference.groups {
+                        let _ = g.release();
+                    }
+                }
+            }
+            let tables: Vec<_> = (0..2).map(|g| seq.block_table(g).expect("a group")).collect();
+            prop_assert_eq!(tables, reference.tables(), "after {:?}", op);
+            prop_assert_eq!(fused_pool.metrics(), unfused_pool.metrics(), "after {:?}", op);
+        }
+        drop((fused, unfused));
+        fused_pool.flush_events();
+        unfused_pool.flush_events();
+        let events = |subscription: &kvbm_blocks::EventSubscription| -> Vec<String> {
+            (subscription.drain().iter())
+                .flat_map(|message| match message {
+                    kvbm_blocks::EventMessage::Batch(batch) => {
+                        batch.events().map(|e| format!("{e:?}")).collect()
+                    }
+                    other => vec![format!("{other:?}")],
+                })
+                .collect()
+        };
+        prop_assert_eq!(events(&fused_events), events(&unfused_events));
+        let evicted = |pool: &BlockManager<Gpu>| {
+            pool.allocate_blocks_with_evictions(pool.available_blocks())
+                .expect("all available")
+                .evicted
+        };
+        prop_assert_eq!(evicted(&fused_pool), evicted(&unfused_pool));
+    }
+}

@@ -360,3 +360,180 @@ fn consistency_fails_against_another_sequence() {
     assert!(!a.is_consistent_with(&seq(1, 8)), "other tokens");
     assert!(!a.is_consistent_with(&seq(0, 7)), "fewer full blocks");
 }
+
+/// How [`register_skip_case`] registers and skips.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// `stage`, `register`, then `skip_to`.
+    Unfused,
+    /// `stage`, then `register_and_skip_to`.
+    Fused,
+    /// `stage_register_and_skip_to`.
+    Passing,
+}
+
+/// Stages and registers a window of `held` assigned blocks after `skipped`
+/// skipped ones and `staged` more, then skips to `first_needed` through
+/// `path`, with part of the sequence cached by another request; returns
+/// the counts, the table, and the pool's eviction order afterwards.
+/// (`first_needed` stays within the sequence's blocks, as
+/// `RequestSequence::skip_to` clamps it.)
+fn register_skip_case(
+    skipped: usize,
+    held: usize,
+    staged: usize,
+    cached: usize,
+    first_needed: usize,
+    path: Path,
+) -> (
+    usize,
+    usize,
+    Vec<BlockId>,
+    usize,
+    Vec<kvbm_blocks::SequenceHash>,
+) {
+    let m = manager(24);
+    let s = seq(0, ((skipped + held + staged) * BS + 2) as u32);
+    // Another request cached some of the blocks (registration
+    // deduplicates onto them, reviving them from the cache).
+    let prefix = BlockSequence::new(s.tokens().to_vec()[..cached * BS].to_vec(), BS).unwrap();
+    drop(registered(&m, &prefix));
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m.allocate_blocks(skipped + held).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    a.register(&m, &s).unwrap();
+    a.skip_to(skipped);
+    a.extend_blocks(m.allocate_blocks(staged + 1).unwrap());
+    if path != Path::Passing {
+        a.stage(&s, usize::MAX).unwrap();
+    }
+    let (registered, released) = match path {
+        Path::Passing => a
+            .stage_register_and_skip_to(&m, &s, usize::MAX, first_needed)
+            .unwrap(),
+        Path::Fused => a.register_and_skip_to(&m, &s, first_needed).unwrap(),
+        Path::Unfused => {
+            let registered = a.register(&m, &s).unwrap();
+            (registered, a.skip_to(first_needed))
+        }
+    };
+    assert!(a.is_consistent_with(&s));
+    let table = a.block_ids().collect();
+    let skipped = a.skipped_count();
+    drop(a);
+    let evicted = m
+        .allocate_blocks_with_evictions(m.available_blocks())
+        .unwrap()
+        .evicted;
+    (registered, released, table, skipped, evicted)
+}
+
+#[test]
+fn register_and_skip_to_and_stage_register_and_skip_to_are_register_then_skip_to() {
+    for skipped in 0..2 {
+        for held in 0..3 {
+            for staged in 0..4 {
+                for cached in 0..=(skipped + held + staged) {
+                    for first_needed in 0..=(skipped + held + staged) {
+                        let case = |path| {
+                            register_skip_case(skipped, held, staged, cached, first_needed, path)
+                        };
+                        let unfused = case(Path::Unfused);
+                        for path in [Path::Fused, Path::Passing] {
+                            assert_eq!(
+                                case(path),
+                                unfused,
+                                "{path:?}: skipped {skipped}, held {held}, staged {staged}, \
+                                 cached {cached}, first needed {first_needed}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn register_and_skip_to_refused_changes_nothing() {
+    let (m1, m2) = (manager(4), manager(4));
+    let s = seq(0, 12);
+    registered(&m1, &s);
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
+        .unwrap();
+    a.extend_blocks(m2.allocate_blocks(1).unwrap());
+    a.stage(&s, usize::MAX).unwrap();
+    // The assigned prefix is another manager's: refused before anything
+    // moves, nothing released.
+    assert_eq!(
+        a.register_and_skip_to(&m2, &s, 2).unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    assert_eq!((counts(&a), a.skipped_count()), ((1, 1, 0), 0));
+    // Staged blocks of another manager: refused, still staged.
+    let mut b = LogicalBlockAssignments::new();
+    b.extend_blocks(m2.allocate_blocks(1).unwrap());
+    b.stage(&s, usize::MAX).unwrap();
+    assert_eq!(
+        b.register_and_skip_to(&m1, &s, 1).unwrap_err(),
+        SequenceError::Block(BlockError::ForeignManager)
+    );
+    assert_eq!((counts(&b), b.skipped_count()), ((0, 1, 0), 0));
+    let audit = m2.audit().unwrap();
+    assert_eq!((audit.held_blocks, audit.inactive_blocks), (2, 0));
+    // Accepted: registered and released at once.
+    assert_eq!(b.register_and_skip_to(&m2, &s, 1).unwrap(), (1, 1));
+    assert_eq!((counts(&b), b.skipped_count()), ((0, 0, 0), 1));
+    assert_eq!(m2.match_blocks(&s.sequence_hashes()[..1]).len(), 1);
+}
+
+#[test]
+fn stage_register_and_skip_to_refused_changes_nothing() {
+    let (m1, m2) = (manager(8), manager(8));
+    let s = seq(0, 14);
+    // Blocks of another manager in the queue: refused, all still queued.
+    let mut a = LogicalBlockAssignments::new();
+    a.extend_blocks(m1.allocate_blocks(1).unwrap());
+    a.extend_blocks(m2.allocate_blocks(2).unwrap());
+    assert_eq!(
+        a.stage_register_and_skip_to(&m1, &s, usize::MAX, 2)
+            .unwrap_err(),
+        SequenceError::Block(BlockError::ForeignManager)
+    );
+    assert_eq!((counts(&a), a.skipped_count()), ((0, 0, 3), 0));
+    // A manager of another block size: refused.
+    let other_size = BlockManager::<Gpu>::builder()
+        .block_count(4)
+        .block_size(BS * 2)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        a.stage_register_and_skip_to(&other_size, &s, usize::MAX, 2),
+        Err(SequenceError::BlockSizeMismatch { .. })
+    ));
+    assert_eq!((counts(&a), a.skipped_count()), ((0, 0, 3), 0));
+    assert_eq!(m1.audit().unwrap().held_blocks, 1);
+    // An assigned prefix of another manager: refused.
+    let mut b = LogicalBlockAssignments::new();
+    b.extend_blocks(m2.allocate_blocks(1).unwrap());
+    b.stage(&s, usize::MAX).unwrap();
+    b.register(&m2, &s).unwrap();
+    b.extend_blocks(m1.allocate_blocks(2).unwrap());
+    assert_eq!(
+        b.stage_register_and_skip_to(&m1, &s, usize::MAX, 2)
+            .unwrap_err(),
+        SequenceError::ForeignManager
+    );
+    assert_eq!((counts(&b), b.skipped_count()), ((1, 0, 2), 0));
+    // Accepted: the first block registered and released at once.
+    let mut c = LogicalBlockAssignments::new();
+    c.extend_blocks(m1.allocate_blocks(3).unwrap());
+    assert_eq!(
+        c.stage_register_and_skip_to(&m1, &s, usize::MAX, 1)
+            .unwrap(),
+        (3, 1)
+    );
+    assert_eq!((counts(&c), c.skipped_count()), ((2, 0, 0), 1));
+    assert!(c.is_consistent_with(&s));
+}
