@@ -77,6 +77,7 @@ impl Registry {
 
     /// Unregisters `id`, registered under `value`; whether it was there.
     /// Only ids are compared, so the slot's key is not read.
+    #[inline]
     pub(super) fn remove(&mut self, value: u128, id: BlockId) -> bool {
         match self
             .table
