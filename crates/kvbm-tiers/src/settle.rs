@@ -216,7 +216,10 @@ impl<D> Tiers<D> {
         };
         drop(pins);
         let count = landed.len() as u64;
-        let blocks = self.device.register_batch(landed, &hashes).unwrap_or_default();
+        let blocks = self
+            .device
+            .register_batch(landed, &hashes)
+            .unwrap_or_default();
         if let Some(tier) = (source.lower_index()).and_then(|i| self.lower.get_mut(i)) {
             tier.stats.loaded_blocks += count;
         }
@@ -272,7 +275,10 @@ impl<D> Tiers<D> {
                 blocks: count,
             };
         };
-        let stored = tier.pool.register_batch(landed, &hashes).unwrap_or_default();
+        let stored = tier
+            .pool
+            .register_batch(landed, &hashes)
+            .unwrap_or_default();
         let keep = self.wanted(policy, &hashes);
         if keep.iter().any(|&k| k) && stored.len() == hashes.len() {
             self.plan_store(destination, index + 1, hashes, Pins::Lower(stored), keep);

@@ -236,7 +236,11 @@ impl<D> Tiers<D> {
         landings: Landings<D>,
     ) -> TransferId {
         let id = self.next_transfer_id();
-        let runs = runs(pins.block_ids().into_iter().zip(landings.block_ids().iter().copied()));
+        let runs = runs(
+            pins.block_ids()
+                .into_iter()
+                .zip(landings.block_ids().iter().copied()),
+        );
         self.planned.push(Transfer {
             id,
             kind,
