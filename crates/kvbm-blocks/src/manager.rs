@@ -95,14 +95,7 @@ impl<M> BlockManager<M> {
         mut blocks: MutableBlocks<M>,
         hashes: &[SequenceHash],
     ) -> Result<ImmutableBlocks<M>, Rejected<MutableBlocks<M>>> {
-        if !blocks.belongs_to(self) {
-            return Err(Rejected::new(BlockError::ForeignManager, blocks));
-        }
-        if hashes.len() != blocks.len() {
-            let error = BlockError::HashCountMismatch {
-                blocks: blocks.len(),
-                hashes: hashes.len(),
-            };
+        if let Err(error) = self.check_batch(&blocks, hashes) {
             return Err(Rejected::new(error, blocks));
         }
         let ids = blocks.take_ids();
@@ -145,14 +138,7 @@ impl<M> BlockManager<M> {
         mut blocks: MutableBlocks<M>,
         hashes: &[SequenceHash],
     ) -> Result<usize, Rejected<MutableBlocks<M>>> {
-        if !blocks.belongs_to(self) {
-            return Err(Rejected::new(BlockError::ForeignManager, blocks));
-        }
-        if hashes.len() != blocks.len() {
-            let error = BlockError::HashCountMismatch {
-                blocks: blocks.len(),
-                hashes: hashes.len(),
-            };
+        if let Err(error) = self.check_batch(&blocks, hashes) {
             return Err(Rejected::new(error, blocks));
         }
         let mut ids = blocks.take_ids();
@@ -420,14 +406,8 @@ impl<M> BlockManager<M> {
         if !blocks.iter().all(|block| self.owns(block.lease.shared())) {
             return Err(BlockError::ForeignManager);
         }
+        self.check_tokens(count, tokens)?;
         let block_size = self.shared.block_size;
-        let expected = count.saturating_mul(block_size);
-        if !tokens.is_empty() && tokens.len() != expected {
-            return Err(BlockError::TokenCountMismatch {
-                expected,
-                actual: tokens.len(),
-            });
-        }
         let held = infos.len();
         let release = release.min(held.saturating_add(count));
         // Released from what the table held, and from the new blocks
@@ -530,14 +510,8 @@ impl<M> BlockManager<M> {
         {
             return Err(BlockError::ForeignManager);
         }
+        self.check_tokens(count, tokens)?;
         let block_size = self.shared.block_size;
-        let expected = count.saturating_mul(block_size);
-        if !tokens.is_empty() && tokens.len() != expected {
-            return Err(BlockError::TokenCountMismatch {
-                expected,
-                actual: tokens.len(),
-            });
-        }
         let held = infos.len();
         let mut released = Vec::with_capacity(fresh);
         infos.reserve(blocks.len());
@@ -579,6 +553,38 @@ impl<M> BlockManager<M> {
     /// Registers every block of `blocks` under one lock, appending each
     /// registered block's reference to `infos` and emptying `blocks`; on an
     /// error nothing changes.
+    /// Whether `tokens` are none, or `block_size` for each of `blocks`
+    /// blocks (their `Stored` events' tokens).
+    fn check_tokens(&self, blocks: usize, tokens: &[u32]) -> Result<(), BlockError> {
+        let expected = blocks.saturating_mul(self.shared.block_size);
+        if tokens.is_empty() || tokens.len() == expected {
+            return Ok(());
+        }
+        Err(BlockError::TokenCountMismatch {
+            expected,
+            actual: tokens.len(),
+        })
+    }
+
+    /// Whether `blocks` can be registered under `hashes`: this manager's,
+    /// one hash each ([`register_batch`](Self::register_batch)'s refusals).
+    fn check_batch(
+        &self,
+        blocks: &MutableBlocks<M>,
+        hashes: &[SequenceHash],
+    ) -> Result<(), BlockError> {
+        if !blocks.belongs_to(self) {
+            return Err(BlockError::ForeignManager);
+        }
+        if hashes.len() != blocks.len() {
+            return Err(BlockError::HashCountMismatch {
+                blocks: blocks.len(),
+                hashes: hashes.len(),
+            });
+        }
+        Ok(())
+    }
+
     fn register_into(
         &self,
         blocks: &mut Vec<CompleteBlock<M>>,
@@ -588,14 +594,8 @@ impl<M> BlockManager<M> {
         if !blocks.iter().all(|block| self.owns(block.lease.shared())) {
             return Err(BlockError::ForeignManager);
         }
+        self.check_tokens(blocks.len(), tokens)?;
         let block_size = self.shared.block_size;
-        let expected = blocks.len().saturating_mul(block_size);
-        if !tokens.is_empty() && tokens.len() != expected {
-            return Err(BlockError::TokenCountMismatch {
-                expected,
-                actual: tokens.len(),
-            });
-        }
         infos.reserve(blocks.len());
         {
             let mut pool = self.shared.lock();

@@ -33,11 +33,14 @@ fn hashes(values: &[u8]) -> Vec<SequenceHash> {
 enum Op {
     /// Allocate a batch of this many blocks (refused when too many).
     Allocate(usize),
-    /// Register batch `handle` under hashes of these values.
-    Register { handle: usize, values: Vec<u8> },
-    /// Register batch `handle` under hashes of these values and leave
-    /// the blocks cached (`cache_batch` against registering and dropping).
-    Cache { handle: usize, values: Vec<u8> },
+    /// Register batch `handle` under hashes of these values (`cache`:
+    /// and leave the blocks cached, `cache_batch` against registering and
+    /// dropping).
+    Register {
+        handle: usize,
+        values: Vec<u8>,
+        cache: bool,
+    },
     /// Drop batch `handle` unregistered (a failed copy).
     DropHeld(usize),
     /// Split batch `handle` at `at`.
@@ -56,10 +59,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0usize..7).prop_map(Op::Allocate),
-        4 => (any::<usize>(), prop::collection::vec(0u8..6, 0..7))
-            .prop_map(|(handle, values)| Op::Register { handle, values }),
-        2 => (any::<usize>(), prop::collection::vec(0u8..6, 0..7))
-            .prop_map(|(handle, values)| Op::Cache { handle, values }),
+        6 => (any::<usize>(), prop::collection::vec(0u8..6, 0..7), any::<bool>())
+            .prop_map(|(handle, values, cache)| Op::Register { handle, values, cache }),
         2 => any::<usize>().prop_map(Op::DropHeld),
         1 => (any::<usize>(), 0usize..8).prop_map(|(handle, at)| Op::Split { handle, at }),
         1 => (any::<usize>(), prop::collection::vec(any::<bool>(), 0..8))
@@ -97,7 +98,11 @@ impl Pair {
                     (a, b) => prop_assert!(false, "batch {a:?} but single {b:?}"),
                 }
             }
-            Op::Register { handle, values } => {
+            Op::Register {
+                handle,
+                values,
+                cache,
+            } => {
                 if self.held_batches.is_empty() {
                     return Ok(());
                 }
@@ -108,7 +113,10 @@ impl Pair {
                 if hashes.len() != batch.len() {
                     // Refused, handed back, nothing changed.
                     let before = self.batched.metrics();
-                    let rejected = self.batched.register_batch(batch, &hashes).unwrap_err();
+                    let rejected = match cache {
+                        true => self.batched.cache_batch(batch, &hashes).unwrap_err(),
+                        false => self.batched.register_batch(batch, &hashes).unwrap_err(),
+                    };
                     prop_assert_eq!(
                         rejected.error(),
                         &BlockError::HashCountMismatch {
@@ -121,44 +129,18 @@ impl Pair {
                     self.held_singles.insert(at, single);
                     return Ok(());
                 }
-                let registered = self.batched.register_batch(batch, &hashes).unwrap();
                 let staged = (single.into_iter().zip(&hashes))
                     .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).unwrap())
                     .collect();
                 let expected = self.single.register_blocks(staged).unwrap();
-                prop_assert_eq!(&registered[..], &expected[..]);
-                self.registered.push((registered, expected));
-            }
-            Op::Cache { handle, values } => {
-                if self.held_batches.is_empty() {
-                    return Ok(());
+                if cache {
+                    let cached = self.batched.cache_batch(batch, &hashes).unwrap();
+                    prop_assert_eq!(cached, expected.len());
+                } else {
+                    let registered = self.batched.register_batch(batch, &hashes).unwrap();
+                    prop_assert_eq!(&registered[..], &expected[..]);
+                    self.registered.push((registered, expected));
                 }
-                let at = handle % self.held_batches.len();
-                let batch = self.held_batches.remove(at);
-                let single = self.held_singles.remove(at);
-                let hashes = hashes(&values);
-                if hashes.len() != batch.len() {
-                    let before = self.batched.metrics();
-                    let rejected = self.batched.cache_batch(batch, &hashes).unwrap_err();
-                    prop_assert_eq!(
-                        rejected.error(),
-                        &BlockError::HashCountMismatch {
-                            blocks: single.len(),
-                            hashes: hashes.len()
-                        }
-                    );
-                    prop_assert_eq!(self.batched.metrics(), before);
-                    self.held_batches.insert(at, rejected.into_inner());
-                    self.held_singles.insert(at, single);
-                    return Ok(());
-                }
-                let cached = self.batched.cache_batch(batch, &hashes).unwrap();
-                let staged = (single.into_iter().zip(&hashes))
-                    .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).unwrap())
-                    .collect();
-                let expected = self.single.register_blocks(staged).unwrap();
-                prop_assert_eq!(cached, expected.len());
-                drop(expected);
             }
             Op::DropHeld(handle) => {
                 if !self.held_batches.is_empty() {
