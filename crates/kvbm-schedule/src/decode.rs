@@ -114,16 +114,7 @@ impl<M> SchedulableSequence<M> {
     ) -> Result<DecodeOutcome, ApplyError> {
         let kv_position = self.kv_position + 1;
         let blocks_registered = self.register_computed(kv_position, manager)?;
-        // Cannot fail: the schedule checked that budget is left.
-        let block_completed = self.inner.append_token(token)?.is_some();
-        self.kv_position = kv_position;
-        self.state = SequenceState::Idle;
-        self.record(SequenceEvent::DecodeApplied {
-            token,
-            kv_position,
-            blocks_registered,
-            block_completed,
-        });
+        let block_completed = self.finish_decode(token, kv_position, blocks_registered)?;
         Ok(DecodeOutcome::new(
             block_completed,
             self.inner.is_complete(),
@@ -137,6 +128,20 @@ impl<M> SchedulableSequence<M> {
     pub(crate) fn apply_decode_unregistered(&mut self, token: u32) -> Result<(), ApplyError> {
         let kv_position = self.kv_position + 1;
         debug_assert!(self.registers_nothing_at(kv_position));
+        self.finish_decode(token, kv_position, 0)?;
+        Ok(())
+    }
+
+    /// The end of every applied decode, its blocks registered: `token`
+    /// appended, KV computed up to `kv_position`, recorded; whether a block
+    /// filled.
+    #[inline(always)]
+    fn finish_decode(
+        &mut self,
+        token: u32,
+        kv_position: usize,
+        blocks_registered: usize,
+    ) -> Result<bool, ApplyError> {
         // Cannot fail: the schedule checked that budget is left.
         let block_completed = self.inner.append_token(token)?.is_some();
         self.kv_position = kv_position;
@@ -144,10 +149,10 @@ impl<M> SchedulableSequence<M> {
         self.record(SequenceEvent::DecodeApplied {
             token,
             kv_position,
-            blocks_registered: 0,
+            blocks_registered,
             block_completed,
         });
-        Ok(())
+        Ok(block_completed)
     }
 
     /// A decode step that needs no block, in one call:

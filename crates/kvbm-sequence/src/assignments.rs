@@ -307,19 +307,7 @@ impl<M> LogicalBlockAssignments<M> {
         if self.staged.is_empty() {
             return Ok(0);
         }
-        // Checked before anything moves: a registration into one manager
-        // could not join assigned blocks of another, and would be lost.
-        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
-            return Err(SequenceError::ForeignManager);
-        }
-        let block_size = sequence.block_size();
-        let first = self.assigned_end().saturating_mul(block_size);
-        // Borrowed in place (copied only for a batch straddling a shared
-        // prompt and the sequence's own tokens, as a prefill after a
-        // preemption may).
-        let tokens = (sequence.tokens())
-            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
-            .unwrap_or_default();
+        let tokens = self.staged_tokens(manager, sequence)?;
         let incoming = self.staged.len();
         if self.assigned.len() + incoming > self.assigned.capacity() {
             // Grows once, to every block the sequence has room for (the
@@ -335,6 +323,28 @@ impl<M> LogicalBlockAssignments<M> {
         // none), so an error is the staged blocks', which stay staged.
         manager.register_blocks_onto(&mut self.assigned, &mut self.staged, &tokens)?;
         Ok(incoming)
+    }
+
+    /// The staged blocks' tokens for their `Stored` events, once the
+    /// registration into `manager` is known to be able to join the
+    /// assigned blocks (checked before anything moves: blocks registered
+    /// into one manager could not join another's, and would be lost).
+    fn staged_tokens<'s>(
+        &self,
+        manager: &BlockManager<M>,
+        sequence: &'s BlockSequence,
+    ) -> Result<std::borrow::Cow<'s, [u32]>, SequenceError> {
+        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
+            return Err(SequenceError::ForeignManager);
+        }
+        let block_size = sequence.block_size();
+        let first = self.assigned_end().saturating_mul(block_size);
+        // Borrowed in place (copied only for a batch straddling a shared
+        // prompt and the sequence's own tokens, as a prefill after a
+        // preemption may).
+        Ok((sequence.tokens())
+            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
+            .unwrap_or_default())
     }
 
     /// [`register`](Self::register) then [`skip_to`](Self::skip_to)`(first_needed)`
@@ -357,14 +367,7 @@ impl<M> LogicalBlockAssignments<M> {
         if self.staged.is_empty() {
             return Ok((0, self.skip_to(first_needed)));
         }
-        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
-            return Err(SequenceError::ForeignManager);
-        }
-        let block_size = sequence.block_size();
-        let first = self.assigned_end().saturating_mul(block_size);
-        let tokens = (sequence.tokens())
-            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
-            .unwrap_or_default();
+        let tokens = self.staged_tokens(manager, sequence)?;
         let incoming = self.staged.len();
         // What `skip_to` would release once the staged blocks are assigned.
         let release = first_needed
