@@ -387,7 +387,7 @@ impl ClusterConfig {
         &self,
         kind: PolicyKind,
         pool: &Arc<PrefixIndex>,
-    ) -> Result<Box<dyn Policy>, SimError> {
+    ) -> Result<Box<dyn Policy + Send>, SimError> {
         let seed = self.engine.seed;
         Ok(match kind {
             PolicyKind::Random => Box::new(Random::new(seed)),
@@ -701,33 +701,38 @@ fn replay_policy(
         index: &pool_index,
         format: &format,
     };
-    for window in arrivals.chunks(PREPARE_WINDOW) {
-        let prepared = threads.map(window, |index| {
-            Prepared::new(trace, index, block_size, &format)
-        });
-        for (&index, prepared) in window.iter().zip(prepared) {
-            let Prepared { prompt, keys } = prepared?;
-            let at = arrival(trace, index)?;
-            // Every step that begins before the arrival, on every engine.
-            threads.run_until(&mut engines, Some(at), wire)?;
-            if let Some(tap) = &mut pool_tap {
-                tap.pump(&mut pool_feed)?;
+    // The whole loop on the pool's first thread: each arrival's steps then
+    // fork from a worker (the other one often still spinning) rather than
+    // waking the pool from outside and sleeping until it is done.
+    threads.within(|| -> Result<(), SimError> {
+        for window in arrivals.chunks(PREPARE_WINDOW) {
+            let prepared = threads.map(window, |index| {
+                Prepared::new(trace, index, block_size, &format)
+            });
+            for (&index, prepared) in window.iter().zip(prepared) {
+                let Prepared { prompt, keys } = prepared?;
+                let at = arrival(trace, index)?;
+                // Every step that begins before the arrival, on every engine.
+                threads.run_until(&mut engines, Some(at), wire)?;
+                if let Some(tap) = &mut pool_tap {
+                    tap.pump(&mut pool_feed)?;
+                }
+                let prompt_tokens = prompt.as_ref().map_or(0, |p| p.tokens().len());
+                let request = RouteRequest::new(&keys, prompt_tokens, block_size);
+                let worker = router
+                    .route(&request, policy.as_mut())
+                    .map_or(0, |decision| decision.worker as usize);
+                assigned[index] = worker;
+                let engine = &mut engines[worker];
+                engine.sim.wake_at(at);
+                engine.sim.submit(index, prompt.map(SimPrompt::Hashed))?;
+                // Its queued prompt tokens now include this one, so a burst of
+                // arrivals spreads before the engine next steps.
+                engine.report_load(&router)?;
             }
-            let prompt_tokens = prompt.as_ref().map_or(0, |p| p.tokens().len());
-            let request = RouteRequest::new(&keys, prompt_tokens, block_size);
-            let worker = router
-                .route(&request, policy.as_mut())
-                .map_or(0, |decision| decision.worker as usize);
-            assigned[index] = worker;
-            let engine = &mut engines[worker];
-            engine.sim.wake_at(at);
-            engine.sim.submit(index, prompt.map(SimPrompt::Hashed))?;
-            // Its queued prompt tokens now include this one, so a burst of
-            // arrivals spreads before the engine next steps.
-            engine.report_load(&router)?;
         }
-    }
-    threads.run_until(&mut engines, None, wire)?;
+        threads.run_until(&mut engines, None, wire)
+    })?;
     if let Some(tap) = &mut pool_tap {
         tap.pump(&mut pool_feed)?;
     }
@@ -885,6 +890,15 @@ impl Threads {
             .map_err(|error| SimError::Threads {
                 reason: error.to_string(),
             })
+    }
+
+    /// Runs `f` on the pool's first thread (here, without a pool), so the
+    /// parallel calls it makes fork from a worker.
+    fn within<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match self {
+            Self::Pool(pool) => pool.install(f),
+            Self::Here => f(),
+        }
     }
 
     /// `f` of each of `items`, in order.
