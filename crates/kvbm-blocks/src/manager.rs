@@ -99,15 +99,8 @@ impl<M> BlockManager<M> {
             return Err(Rejected::new(error, blocks));
         }
         let ids = blocks.take_ids();
-        let mut infos = Vec::with_capacity(ids.len());
-        {
-            let mut pool = self.shared.lock();
-            pool.expect_registration(ids.len(), 0);
-            for (&id, &hash) in ids.iter().zip(hashes) {
-                infos.push(pool.register(id, hash, &[]));
-            }
-            pool.flush_if_full();
-        }
+        let mut infos = Vec::new();
+        self.shared.lock().register_held(&ids, hashes, &mut infos);
         trace!(count = infos.len(), "registered a batch");
         Ok(ImmutableBlocks::from_refs(self.shared.clone(), infos))
     }
@@ -142,16 +135,7 @@ impl<M> BlockManager<M> {
             return Err(Rejected::new(error, blocks));
         }
         let mut ids = blocks.take_ids();
-        let mut pool = self.shared.lock();
-        pool.expect_registration(ids.len(), 0);
-        for (id, &hash) in ids.iter_mut().zip(hashes) {
-            // A deduplicated block stands for the one registered before it.
-            *id = pool.register(*id, hash, &[]).block_id();
-        }
-        pool.flush_if_full();
-        for &id in ids.iter().rev() {
-            pool.release(id);
-        }
+        self.shared.lock().cache_held(&mut ids, hashes);
         trace!(count = ids.len(), "cached a batch");
         Ok(ids.len())
     }
@@ -550,9 +534,6 @@ impl<M> BlockManager<M> {
         Ok(count)
     }
 
-    /// Registers every block of `blocks` under one lock, appending each
-    /// registered block's reference to `infos` and emptying `blocks`; on an
-    /// error nothing changes.
     /// Whether `tokens` are none, or `block_size` for each of `blocks`
     /// blocks (their `Stored` events' tokens).
     fn check_tokens(&self, blocks: usize, tokens: &[u32]) -> Result<(), BlockError> {
@@ -585,6 +566,9 @@ impl<M> BlockManager<M> {
         Ok(())
     }
 
+    /// Registers every block of `blocks` under one lock, appending each
+    /// registered block's reference to `infos` and emptying `blocks`; on an
+    /// error nothing changes.
     fn register_into(
         &self,
         blocks: &mut Vec<CompleteBlock<M>>,

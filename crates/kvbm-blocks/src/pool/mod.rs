@@ -464,13 +464,42 @@ impl PoolState {
         out: &mut Vec<BlockInfo>,
     ) -> Result<(), BlockError> {
         let ids = self.allocate(hashes.len(), |_| {})?;
-        self.expect_registration(hashes.len(), 0);
-        out.reserve(hashes.len());
-        for (id, &hash) in ids.into_iter().zip(hashes) {
+        self.register_held(&ids, hashes, out);
+        Ok(())
+    }
+
+    /// Registers held blocks `ids`, each under its hash of `hashes` (one
+    /// each), appending the registered blocks, one reference each, to
+    /// `out`: `register` of each, with the events reserved for them all.
+    #[inline]
+    pub(crate) fn register_held(
+        &mut self,
+        ids: &[BlockId],
+        hashes: &[SequenceHash],
+        out: &mut Vec<BlockInfo>,
+    ) {
+        self.expect_registration(ids.len(), 0);
+        out.reserve(ids.len());
+        for (&id, &hash) in ids.iter().zip(hashes) {
             out.push(self.register(id, hash, &[]));
         }
         self.flush_if_full();
-        Ok(())
+    }
+
+    /// [`register_held`](Self::register_held) with the blocks then
+    /// released last first, as a dropped batch is: they end cached (a
+    /// deduplicated block stands for the one registered before it, whose
+    /// id replaces its own in `ids`).
+    #[inline]
+    pub(crate) fn cache_held(&mut self, ids: &mut [BlockId], hashes: &[SequenceHash]) {
+        self.expect_registration(ids.len(), 0);
+        for (id, &hash) in ids.iter_mut().zip(hashes) {
+            *id = self.register(*id, hash, &[]).block_id();
+        }
+        self.flush_if_full();
+        for &id in ids.iter().rev() {
+            self.release(id);
+        }
     }
 
     /// Copies arriving in a lower tier: each of `hashes` not registered yet
@@ -497,15 +526,7 @@ impl PoolState {
             hashes.clear();
             return skipped + missing;
         }
-        self.expect_registration(hashes.len(), 0);
-        for (id, &hash) in ids.iter_mut().zip(hashes.iter()) {
-            *id = self.register(*id, hash, &[]).block_id();
-        }
-        self.flush_if_full();
-        // Released last first, as a dropped batch is.
-        for &id in ids.iter().rev() {
-            self.release(id);
-        }
+        self.cache_held(&mut ids, hashes);
         self.scratch = ids;
         skipped
     }
