@@ -45,12 +45,8 @@ impl<M> SchedulableSequence<M> {
         // The tail token sits at slot `kv_position`, so cover
         // `kv_position + 1 == total_tokens` slots.
         let blocks_allocated = self.allocate_to_cover(self.inner.total_tokens(), manager)?;
-        self.state = SequenceState::DecodeScheduled { blocks_allocated };
         trace!(kv_position, blocks_allocated, "decode scheduled");
-        self.record(SequenceEvent::DecodeScheduled {
-            kv_position,
-            blocks_allocated,
-        });
+        self.decode_scheduled(blocks_allocated);
         Ok(())
     }
 
@@ -64,13 +60,17 @@ impl<M> SchedulableSequence<M> {
             (self.inner).additional_blocks_needed(self.inner.total_tokens()),
             0
         );
-        let kv_position = self.kv_position;
-        self.state = SequenceState::DecodeScheduled {
-            blocks_allocated: 0,
-        };
+        self.decode_scheduled(0);
+    }
+
+    /// The end of every scheduled decode: the state and its record, with
+    /// `blocks_allocated` for the tail token's slot.
+    #[inline(always)]
+    fn decode_scheduled(&mut self, blocks_allocated: usize) {
+        self.state = SequenceState::DecodeScheduled { blocks_allocated };
         self.record(SequenceEvent::DecodeScheduled {
-            kv_position,
-            blocks_allocated: 0,
+            kv_position: self.kv_position,
+            blocks_allocated,
         });
     }
 
