@@ -244,16 +244,31 @@ fn register_with_another_manager_keeps_the_blocks_staged() {
     assert_eq!(a.register(&m1, &s).unwrap(), 1);
 }
 
-#[test]
-fn register_into_an_assigned_prefix_of_another_manager_is_refused() {
+/// Two managers, a sequence of `len` tokens registered in the first, and
+/// a table whose first block is the first manager's (matched) and whose
+/// next block, staged, is the second's.
+fn staged_over_a_foreign_prefix(
+    len: u32,
+) -> (
+    BlockManager<Gpu>,
+    BlockManager<Gpu>,
+    BlockSequence,
+    LogicalBlockAssignments<Gpu>,
+) {
     let (m1, m2) = (manager(4), manager(4));
-    let s = seq(0, 8);
+    let s = seq(0, len);
     registered(&m1, &s);
     let mut a = LogicalBlockAssignments::new();
     a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
         .unwrap();
     a.extend_blocks(m2.allocate_blocks(1).unwrap());
     a.stage(&s, usize::MAX).unwrap();
+    (m1, m2, s, a)
+}
+
+#[test]
+fn register_into_an_assigned_prefix_of_another_manager_is_refused() {
+    let (_m1, m2, s, mut a) = staged_over_a_foreign_prefix(8);
     // Refused before anything moves: the staged block stays staged (it used
     // to be registered into m2 and dropped from the sequence).
     assert_eq!(
@@ -456,14 +471,7 @@ fn register_and_skip_to_and_stage_register_and_skip_to_are_register_then_skip_to
 
 #[test]
 fn register_and_skip_to_refused_changes_nothing() {
-    let (m1, m2) = (manager(4), manager(4));
-    let s = seq(0, 12);
-    registered(&m1, &s);
-    let mut a = LogicalBlockAssignments::new();
-    a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
-        .unwrap();
-    a.extend_blocks(m2.allocate_blocks(1).unwrap());
-    a.stage(&s, usize::MAX).unwrap();
+    let (m1, m2, s, mut a) = staged_over_a_foreign_prefix(12);
     // The assigned prefix is another manager's: refused before anything
     // moves, nothing released.
     assert_eq!(
