@@ -634,14 +634,18 @@ impl<M> BlockManager<M> {
     }
 
     /// Stores copies arriving in this pool (a lower tier's write-through)
-    /// under one lock: each of `hashes` not registered yet gets a block,
-    /// registered and left cached (matchable, evictable, not pinned),
-    /// evicting cached blocks for room in policy order, while any block is
-    /// left to take. `hashes` keeps the ones stored, in order; returns how
-    /// many of the missing ones did not fit. The same evictions,
-    /// registrations and events as [`allocate_blocks`](Self::allocate_blocks)
-    /// of the missing ones, [`register_blocks`](Self::register_blocks) and
-    /// dropping the handles, without a handle per block.
+    /// under one lock: each of `hashes`, in order, that is not registered
+    /// when its turn comes gets a block, registered and left cached
+    /// (matchable, evictable, not pinned), evicting cached blocks for room
+    /// in policy order, while the blocks free or cached at the start last.
+    /// (A block this batch's own stores evicted counts as missing again; a
+    /// hash given twice is stored once.) `hashes` keeps the ones stored, in
+    /// order; returns how many of the missing ones did not fit. The
+    /// evictions and registrations are those of
+    /// [`allocate_blocks`](Self::allocate_blocks) and
+    /// [`register_blocks`](Self::register_blocks) of one block at a time,
+    /// then dropping the handles, last first, without a handle per block;
+    /// the events list every removal before the stores.
     ///
     /// ```
     /// use kvbm_blocks::{BlockManager, SequenceHash};

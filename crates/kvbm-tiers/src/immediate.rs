@@ -22,9 +22,14 @@ impl<D> Tiers<D> {
             return 0;
         }
         let policy = first.config.offload;
-        let hashes = blocks.sequence_hashes();
+        // The hashes go to a buffer kept between calls (a write-through
+        // runs once per request).
+        let mut hashes = std::mem::take(&mut self.offload_scratch);
+        blocks.sequence_hashes_into(&mut hashes);
         // The sources stay pinned by the caller's `blocks` meanwhile.
-        self.store_now(0, hashes, policy)
+        let stored = self.store_now(0, &mut hashes, policy);
+        self.offload_scratch = hashes;
+        stored
     }
 
     /// Stores the blocks of `hashes` the tier's `policy` takes into lower
@@ -33,7 +38,7 @@ impl<D> Tiers<D> {
     fn store_now(
         &mut self,
         index: usize,
-        mut wanted: Vec<SequenceHash>,
+        wanted: &mut Vec<SequenceHash>,
         policy: OffloadPolicy,
     ) -> usize {
         let Some(tier) = self.lower.get(index) else {
@@ -42,9 +47,12 @@ impl<D> Tiers<D> {
         // Taken, and not on its way by a transfer in flight (present ones
         // the pool skips itself). Twice in one batch is a hash collision
         // between two blocks of one chain: the pool keeps one copy.
-        wanted.retain(|&hash| self.takes(policy, hash) && !tier.incoming.contains(&hash.value()));
+        if policy != OffloadPolicy::WriteThrough || !tier.incoming.is_empty() {
+            wanted
+                .retain(|&hash| self.takes(policy, hash) && !tier.incoming.contains(&hash.value()));
+        }
         let tier = &mut self.lower[index];
-        tier.stats.skipped_stores += tier.pool.cache_blocks(&mut wanted) as u64;
+        tier.stats.skipped_stores += tier.pool.cache_blocks(wanted) as u64;
         let count = wanted.len();
         if count == 0 {
             return 0;
@@ -134,7 +142,7 @@ impl<D> Tiers<D> {
             if !matches!(policy, OffloadPolicy::Selective { .. }) {
                 continue;
             }
-            self.store_now(index, hashes.to_vec(), policy);
+            self.store_now(index, &mut hashes.to_vec(), policy);
         }
     }
 }

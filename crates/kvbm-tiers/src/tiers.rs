@@ -61,6 +61,8 @@ pub struct Tiers<D> {
     pub(crate) hits: Option<FrequencySketch>,
     pub(crate) next_id: u64,
     pub(crate) counts: TransferCounts,
+    /// [`offload_now`](Self::offload_now)'s hashes, kept for its next call.
+    pub(crate) offload_scratch: Vec<SequenceHash>,
 }
 
 impl<D> Tiers<D> {
@@ -131,6 +133,7 @@ impl<D> Tiers<D> {
             loading: HashMap::default(),
             next_id: 0,
             counts: TransferCounts::default(),
+            offload_scratch: Vec::new(),
         })
     }
 

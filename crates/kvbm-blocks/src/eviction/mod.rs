@@ -98,6 +98,19 @@ impl InactivePool {
         }
     }
 
+    /// [`insert`](Self::insert) of each of `ids` (with its hash of
+    /// `hashes`), last first: a released batch, dispatched to the policy
+    /// once rather than per block.
+    #[inline]
+    pub(crate) fn insert_last_first(&mut self, ids: &[BlockId], hashes: &[SequenceHash]) {
+        let blocks = ids.iter().zip(hashes).rev();
+        match self {
+            Self::Lru(lru) => blocks.for_each(|(&id, _)| lru.push(id)),
+            Self::MultiLevel(ml) => blocks.for_each(|(&id, &hash)| ml.insert(id, hash)),
+            Self::Lineage(lin) => blocks.for_each(|(&id, _)| lin.insert(id)),
+        }
+    }
+
     /// A cached block was matched again and leaves the pool.
     #[inline]
     pub(crate) fn remove(&mut self, id: BlockId) {

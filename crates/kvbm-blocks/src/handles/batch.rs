@@ -193,14 +193,20 @@ impl<M> ImmutableBlocks<M> {
     /// included, which [`BlockInfo`] leaves out), in order, read under one
     /// lock.
     pub fn sequence_hashes(&self) -> Vec<crate::SequenceHash> {
+        let mut hashes = Vec::new();
+        self.sequence_hashes_into(&mut hashes);
+        hashes
+    }
+
+    /// [`sequence_hashes`](Self::sequence_hashes) into `out` (cleared
+    /// first), for a caller that reuses one buffer.
+    pub fn sequence_hashes_into(&self, out: &mut Vec<crate::SequenceHash>) {
+        out.clear();
         let Some(shared) = &self.shared else {
-            return Vec::new();
+            return;
         };
         let pool = shared.lock();
-        self.blocks
-            .iter()
-            .map(|info| pool.hash_of(info.block_id()))
-            .collect()
+        out.extend(self.blocks.iter().map(|info| pool.hash_of(info.block_id())));
     }
 
     /// A non-owning handle to the block at `index`.

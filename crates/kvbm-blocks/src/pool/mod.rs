@@ -386,19 +386,30 @@ impl PoolState {
     /// Evicts the policy's victim: unregisters it and leaves it `Free` but off
     /// the free list, for the caller to hand out or push.
     fn evict_one(&mut self) -> Option<(BlockId, SequenceHash)> {
+        self.evict_reading(|slot| {
+            let hash = slot.hash();
+            (hash.value(), hash)
+        })
+    }
+
+    /// [`evict_one`](Self::evict_one), reading the victim's key and what
+    /// else the caller wants of its slot (nothing, in
+    /// [`cache`](Self::cache)'s loop, where this is inlined).
+    #[inline(always)]
+    fn evict_reading<T>(&mut self, read: impl FnOnce(&Slot) -> (u128, T)) -> Option<(BlockId, T)> {
         let id = self.inactive.evict()?;
         let slot = &mut self.slots[id.index()];
         debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
-        let hash = slot.hash();
+        let (value, read) = read(slot);
         slot.end_life();
-        self.registry.remove(hash.value(), id);
+        self.registry.remove(value, id);
         let slots = &self.slots;
         self.inactive.on_evicted(id, |b| slots[b.index()].epoch());
         self.counters.evictions += 1;
         if let Some(events) = &mut self.events {
-            events.removed(hash.value());
+            events.removed(value);
         }
-        Some((id, hash))
+        Some((id, read))
     }
 
     /// A `MutableBlock` or `CompleteBlock` was dropped.
@@ -507,26 +518,69 @@ impl PoolState {
     /// as `allocate` of them all, `register` of each and dropping them
     /// would, while blocks are left to take. `hashes` keeps the ones
     /// stored; returns how many that were missing did not fit.
+    ///
+    /// `store`'s work without its handles or its second look: each hash is
+    /// probed once, and a missing one takes a block (free, else the
+    /// policy's victim) and goes into the registry without a second probe.
+    /// A hash twice in one batch is stored once. The new blocks join the
+    /// inactive pool only at the end, last first, so no victim is one of
+    /// them and the deepest ends first in line, as a dropped batch leaves
+    /// it; events go out as `allocate` and `register` send them, every
+    /// removal before the stores.
     pub(crate) fn cache(&mut self, hashes: &mut Vec<SequenceHash>) -> usize {
-        hashes.retain(|&hash| !self.contains(hash));
         let room = self.available();
-        let skipped = hashes.len().saturating_sub(room);
-        hashes.truncate(room);
-        // `store`'s work without its handles: the ids standing for the
-        // hashes go to a buffer the pool keeps between calls, so a lower
-        // tier's write-through allocates nothing per batch.
+        let lineage = self.inactive.tracks_lineage();
+        // The ids standing for the stored hashes: a buffer the pool keeps
+        // between calls, so a lower tier's write-through allocates nothing
+        // per batch.
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
-        let taken = (self.check_room(hashes.len()))
-            .and_then(|()| self.take_into(hashes.len(), |_| {}, &mut ids));
-        if taken.is_err() {
-            // `available` said they fit; nothing was taken.
-            self.scratch = ids;
-            let missing = hashes.len();
-            hashes.clear();
-            return skipped + missing;
+        let mut skipped = 0;
+        let mut kept = 0;
+        for index in 0..hashes.len() {
+            let hash = hashes[index];
+            if self.registered(hash.value()).is_some() {
+                continue;
+            }
+            if ids.len() == room {
+                skipped += 1;
+                continue;
+            }
+            let Some(id) = self.free.pop(&mut self.slots).or_else(|| {
+                // `available` counted every cached block, so one is there.
+                self.evict_reading(|slot| (slot.value(), ()))
+                    .map(|(id, ())| id)
+            }) else {
+                skipped += 1;
+                continue;
+            };
+            // Only lineage-aware eviction links children to parents (see
+            // `register`); the parent may be earlier in this batch.
+            let parent = match lineage {
+                true => (hash.parent().and_then(|p| self.registered(p)))
+                    .map(|p| (p, self.slots[p.index()].epoch())),
+                false => None,
+            };
+            let slots = &self.slots;
+            (self.registry).insert_new(hash.value(), id, |other| slots[other.index()].value());
+            let slot = &mut self.slots[id.index()];
+            *slot = Slot::new(hash, 0, slot.epoch(), SlotState::Registered);
+            self.inactive.on_register(id, hash, parent);
+            ids.push(id);
+            hashes[kept] = hash;
+            kept += 1;
         }
-        self.cache_held(&mut ids, hashes);
+        hashes.truncate(kept);
+        self.counters.allocations += kept as u64;
+        self.counters.registrations += kept as u64;
+        if let Some(events) = &mut self.events {
+            events.reserve(kept, 0);
+            for &hash in hashes.iter() {
+                events.stored(hash, &[]);
+            }
+        }
+        self.flush_if_full();
+        self.inactive.insert_last_first(&ids, hashes);
         self.scratch = ids;
         skipped
     }

@@ -75,6 +75,22 @@ impl Registry {
         }
     }
 
+    /// Registers `id` under `value`, which the caller has just found absent
+    /// (with nothing inserted since): no key is compared on the way.
+    #[inline]
+    pub(super) fn insert_new(
+        &mut self,
+        value: u128,
+        id: BlockId,
+        key_of: impl Fn(BlockId) -> u128,
+    ) {
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(bucket_hash(hasher, value), id, |&other| {
+                bucket_hash(hasher, key_of(other))
+            });
+    }
+
     /// Unregisters `id`, registered under `value`; whether it was there.
     /// Only ids are compared, so the slot's key is not read.
     #[inline]
