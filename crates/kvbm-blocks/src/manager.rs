@@ -714,6 +714,34 @@ impl<M> BlockManager<M> {
             .count()
     }
 
+    /// The longest registered prefix of `hashes`, made most recently used
+    /// as [`match_blocks`](Self::match_blocks) and dropping the match would
+    /// (a cached block rejoins the end of the line, the deepest first; a
+    /// pinned one stays pinned), under one lock and with no handle: what a
+    /// lower tier does for blocks it serves a copy of at once. Returns its
+    /// length; the pool's metrics count it as a match of that prefix.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    ///
+    /// struct Host;
+    /// let pool = BlockManager::<Host>::builder().block_count(2).build()?;
+    /// let (one, two) = (SequenceHash::root(1), SequenceHash::root(2));
+    /// pool.cache_blocks(&mut vec![one]);
+    /// pool.cache_blocks(&mut vec![two]);
+    /// // `one` is the oldest; touching it makes `two` the next victim.
+    /// assert_eq!(pool.touch_prefix(&[one, SequenceHash::root(9)]), 1);
+    /// pool.cache_blocks(&mut vec![SequenceHash::root(3)]);
+    /// assert_eq!(pool.registered_prefix(&[one]), 1);
+    /// assert_eq!(pool.registered_prefix(&[two]), 0);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    pub fn touch_prefix(&self, hashes: &[SequenceHash]) -> usize {
+        let found = self.shared.lock().touch_prefix(hashes);
+        trace!(requested = hashes.len(), touched = found, "touched");
+        found
+    }
+
     /// Which of `hashes` are registered right now, without the prefix rule,
     /// without pinning anything and without touching eviction order.
     pub fn scan_matches(&self, hashes: &[SequenceHash]) -> Vec<bool> {

@@ -83,11 +83,32 @@ impl<D> Tiers<D> {
         let wanted = hashes
             .get(..max_blocks.min(hashes.len()))
             .unwrap_or_default();
-        let levels = self.locate(wanted);
-        // Pins, one match per run of one tier's blocks, up to the first
-        // block only a transfer in flight has.
-        let mut pins: Vec<ImmutableBlocks<Lower>> = Vec::new();
+        // With no load in flight, nothing stops the walk but a block no
+        // tier has: each run is served where it is, made most recently used
+        // there, without pinning it (nothing runs meanwhile).
         let mut found = 0;
+        'walk: while self.loading.is_empty() && found < wanted.len() {
+            for index in 0..self.lower.len() {
+                // The first lower tier as far as it goes; one further down
+                // for the next block only (a tier above may have the one
+                // after).
+                let end = if index == 0 { wanted.len() } else { found + 1 };
+                let run = self.lower[index].pool.touch_prefix(&wanted[found..end]);
+                if run > 0 {
+                    self.served(index, run, &mut loaded_from);
+                    found += run;
+                    continue 'walk;
+                }
+            }
+            break;
+        }
+        // Otherwise pins, one match per run of one tier's blocks, up to the
+        // first block only a transfer in flight has.
+        let levels = match self.loading.is_empty() {
+            true => Vec::new(),
+            false => self.locate(wanted),
+        };
+        let mut pins: Vec<ImmutableBlocks<Lower>> = Vec::new();
         while found < levels.len() {
             let Some(index) = levels[found] else {
                 break;
@@ -99,9 +120,7 @@ impl<D> Tiers<D> {
                 .pool
                 .match_blocks(&wanted[found..found + run]);
             let pinned = matched.len();
-            loaded_from[index + 1] += pinned;
-            self.lower[index].stats.hit_blocks += pinned as u64;
-            self.lower[index].stats.loaded_blocks += pinned as u64;
+            self.served(index, pinned, &mut loaded_from);
             pins.push(matched);
             found += pinned;
             if pinned < run {
@@ -132,6 +151,13 @@ impl<D> Tiers<D> {
         // the blocks now due.
         self.store_hit_lower_now(&wanted[..found]);
         (loaded, loaded_from)
+    }
+
+    /// Counts `blocks` served from lower tier `index`.
+    fn served(&mut self, index: usize, blocks: usize, loaded_from: &mut [usize]) {
+        loaded_from[index + 1] += blocks;
+        self.lower[index].stats.hit_blocks += blocks as u64;
+        self.lower[index].stats.loaded_blocks += blocks as u64;
     }
 
     /// Blocks just hit below the device that a selective lower tier

@@ -606,6 +606,40 @@ impl PoolState {
         self.counters.match_hit += (out.len() - before) as u64;
     }
 
+    /// The longest registered prefix of `hashes`, each block left where a
+    /// match and its release would leave it (a cached one most recently
+    /// used, the deepest first), with no reference taken; how many.
+    /// Counted as a match of that prefix.
+    pub(crate) fn touch_prefix(&mut self, hashes: &[SequenceHash]) -> usize {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        let tracks_hits = self.inactive.tracks_hits();
+        for hash in hashes {
+            let Some(id) = self.registered(hash.value()) else {
+                break;
+            };
+            if tracks_hits {
+                self.inactive.on_hit(*hash);
+            }
+            // A pinned block stays pinned; a cached one leaves its place
+            // in line and rejoins at the end, below.
+            if self.slots[id.index()].refs == 0 {
+                self.inactive.remove(id);
+            }
+            ids.push(id);
+        }
+        let found = ids.len();
+        for (&id, &hash) in ids.iter().zip(hashes).rev() {
+            if self.slots[id.index()].refs == 0 {
+                self.inactive.insert(id, hash);
+            }
+        }
+        self.counters.match_requested += found as u64;
+        self.counters.match_hit += found as u64;
+        self.scratch = ids;
+        found
+    }
+
     /// The block registered under a chained hash value.
     #[inline]
     fn registered(&self, value: u128) -> Option<BlockId> {

@@ -67,6 +67,12 @@ enum Op {
         first: u64,
         len: u64,
     },
+    /// `touch_prefix` of a run of hashes (as matching it and dropping the
+    /// match).
+    Touch {
+        first: u64,
+        len: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -87,6 +93,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Store { first, len }),
         2 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Cache { first, len }),
         1 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Prefix { first, len }),
+        2 => (0u64..12, 0u64..5).prop_map(|(first, len)| Op::Touch { first, len }),
     ]
 }
 
@@ -535,6 +542,18 @@ fn run(blocks: usize, policy: EvictionPolicy, ops: &[Op]) -> Result<(), TestCase
                         .take_while(|value| model.registry.contains_key(value))
                         .count();
                     prop_assert_eq!(prefix, expected);
+                }
+            }
+            Op::Touch { first, len } => {
+                let hashes: Vec<SequenceHash> = (first..first + len).map(hash_of).collect();
+                let touched = manager.touch_prefix(&hashes);
+                if let Some(model) = &mut model {
+                    let ids: Vec<u32> = (first..first + len)
+                        .map_while(|value| model.registry.get(&value).copied())
+                        .collect();
+                    ids.iter().for_each(|&id| model.acquire(id));
+                    ids.iter().rev().for_each(|&id| model.release(id));
+                    prop_assert_eq!(touched, ids.len());
                 }
             }
             Op::ClearCache => {
