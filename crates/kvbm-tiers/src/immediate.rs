@@ -3,6 +3,13 @@
 //! and for a replay with no clock (the simulator's cache mode): the same
 //! choices as [`offload`](Tiers::offload) and [`onboard`](Tiers::onboard),
 //! without planning transfers, since nothing is ever in flight.
+//!
+//! Nothing stays pinned once these calls return: a caller that moves
+//! bytes makes each copy before it touches these tiers again, and only
+//! while no one else uses the lower pools (a pool shared with other
+//! engines may reuse a source block at any time). Copies that take time,
+//! or lower pools shared across threads, take the two-phase path, whose
+//! sources and destinations stay pinned until the engine reports the copy.
 
 use kvbm_blocks::{ImmutableBlocks, SequenceHash};
 
