@@ -89,7 +89,9 @@ impl InactivePool {
     }
 
     /// The last handle of a registered block dropped: it is now cached.
-    #[inline]
+    /// Always inlined: with several callers the compiler would call it, and
+    /// a release pays the call for every block.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, id: BlockId, hash: SequenceHash) {
         match self {
             Self::Lru(lru) => lru.push(id),
