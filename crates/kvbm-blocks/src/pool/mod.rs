@@ -535,11 +535,17 @@ impl PoolState {
         // per batch.
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
+        ids.reserve(hashes.len().min(room));
         let mut skipped = 0;
         let mut kept = 0;
         for index in 0..hashes.len() {
             let hash = hashes[index];
-            if self.registered(hash.value()).is_some() {
+            // One bucket hash for the probe and the insert.
+            let bucket = self.registry.hash(hash.value());
+            let slots = &self.slots;
+            let present =
+                (self.registry).get_hashed(bucket, hash.value(), |id| slots[id.index()].value());
+            if present.is_some() {
                 continue;
             }
             if ids.len() == room {
@@ -562,12 +568,14 @@ impl PoolState {
                 false => None,
             };
             let slots = &self.slots;
-            (self.registry).insert_new(hash.value(), id, |other| slots[other.index()].value());
+            (self.registry).insert_new(bucket, id, |other| slots[other.index()].value());
             let slot = &mut self.slots[id.index()];
             *slot = Slot::new(hash, 0, slot.epoch(), SlotState::Registered);
             self.inactive.on_register(id, hash, parent);
             ids.push(id);
-            hashes[kept] = hash;
+            if kept != index {
+                hashes[kept] = hash;
+            }
             kept += 1;
         }
         hashes.truncate(kept);

@@ -38,16 +38,26 @@ impl Registry {
     /// their low 64 bits (a 2^64 search each). Hashing the whole `u128` cost
     /// two extra multiplies per lookup for nothing.
     #[inline]
-    fn hash(&self, value: u128) -> u64 {
+    pub(super) fn hash(&self, value: u128) -> u64 {
         bucket_hash(&self.hasher, value)
     }
 
     /// The block registered under `value`; `key_of` reads a block's key.
     #[inline]
     pub(super) fn get(&self, value: u128, key_of: impl Fn(BlockId) -> u128) -> Option<BlockId> {
-        self.table
-            .find(self.hash(value), |&id| key_of(id) == value)
-            .copied()
+        self.get_hashed(self.hash(value), value, key_of)
+    }
+
+    /// [`get`](Self::get) with the key's bucket hash ([`hash`](Self::hash))
+    /// worked out already.
+    #[inline]
+    pub(super) fn get_hashed(
+        &self,
+        hash: u64,
+        value: u128,
+        key_of: impl Fn(BlockId) -> u128,
+    ) -> Option<BlockId> {
+        self.table.find(hash, |&id| key_of(id) == value).copied()
     }
 
     /// Registers `id` under `value` unless a block is registered under it
@@ -75,20 +85,13 @@ impl Registry {
         }
     }
 
-    /// Registers `id` under `value`, which the caller has just found absent
-    /// (with nothing inserted since): no key is compared on the way.
+    /// Registers `id` under the key whose bucket hash is `hash`
+    /// ([`hash`](Self::hash)), a key the caller has just found absent (with
+    /// nothing inserted since): no key is compared on the way.
     #[inline]
-    pub(super) fn insert_new(
-        &mut self,
-        value: u128,
-        id: BlockId,
-        key_of: impl Fn(BlockId) -> u128,
-    ) {
+    pub(super) fn insert_new(&mut self, hash: u64, id: BlockId, key_of: impl Fn(BlockId) -> u128) {
         let hasher = &self.hasher;
-        self.table
-            .insert_unique(bucket_hash(hasher, value), id, |&other| {
-                bucket_hash(hasher, key_of(other))
-            });
+        (self.table).insert_unique(hash, id, |&other| bucket_hash(hasher, key_of(other)));
     }
 
     /// Unregisters `id`, registered under `value`; whether it was there.
