@@ -513,20 +513,21 @@ impl PoolState {
         }
     }
 
-    /// Copies arriving in a lower tier: each of `hashes` not registered yet
-    /// gets a block of its own, registered and cached (no reference held),
-    /// as `allocate` of them all, `register` of each and dropping them
-    /// would, while blocks are left to take. `hashes` keeps the ones
-    /// stored; returns how many that were missing did not fit.
+    /// Copies arriving in a lower tier: each of `hashes`, in order, not
+    /// registered when its turn comes gets a block of its own (free, else
+    /// the policy's victim), registered and cached (no reference held), as
+    /// `allocate` and `register` of one block at a time and dropping them
+    /// all would, while the blocks free or cached at the start last.
+    /// `hashes` keeps the ones stored; returns how many that were missing
+    /// did not fit.
     ///
     /// `store`'s work without its handles or its second look: each hash is
-    /// probed once, and a missing one takes a block (free, else the
-    /// policy's victim) and goes into the registry without a second probe.
-    /// A hash twice in one batch is stored once. The new blocks join the
-    /// inactive pool only at the end, last first, so no victim is one of
-    /// them and the deepest ends first in line, as a dropped batch leaves
-    /// it; events go out as `allocate` and `register` send them, every
-    /// removal before the stores.
+    /// probed once and a missing one goes into the registry without a
+    /// second probe, so a hash twice in one batch is stored once. The new
+    /// blocks join the inactive pool only at the end, last first, so no
+    /// victim is one of them and the deepest ends first in line, as a
+    /// dropped batch leaves it; the events list every removal before the
+    /// stores.
     pub(crate) fn cache(&mut self, hashes: &mut Vec<SequenceHash>) -> usize {
         let room = self.available();
         let lineage = self.inactive.tracks_lineage();
