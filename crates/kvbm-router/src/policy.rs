@@ -284,12 +284,24 @@ impl Policy for KvAware {
         let mut logits = std::mem::take(&mut self.logits);
         logits.clear();
         let terms = LogitTerms::of(request);
-        logits.extend(candidates.iter().map(|c| self.logit_of(&terms, c)));
-        let min = logits.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let chosen = if self.temperature == 0.0 || max == min {
+        // The logits, their minimum and how many reach it, in one pass (a
+        // NaN reaches nothing, as `f64::min` skips it).
+        let (mut min, mut ties) = (f64::INFINITY, 0usize);
+        logits.extend(candidates.iter().map(|c| {
+            let logit = self.logit_of(&terms, c);
+            if logit < min {
+                (min, ties) = (logit, 1);
+            } else if logit == min {
+                ties += 1;
+            }
+            logit
+        }));
+        let max = match self.temperature == 0.0 {
+            true => min,
+            false => logits.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        };
+        let chosen = if max == min {
             // Ties at the minimum drawn uniformly.
-            let ties = logits.iter().filter(|&&l| l == min).count();
             let pick = self.draws.below(ties);
             (logits.iter().enumerate())
                 .filter(|(_, l)| **l == min)

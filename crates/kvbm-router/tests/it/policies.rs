@@ -117,3 +117,38 @@ fn kv_aware_breaks_ties_at_random_and_temperature_spreads_choices() {
         .with_overlap_weight(-3.0);
     assert_eq!(odd.choose(&REQUEST, &tied).map(|i| i < 2), Some(true));
 }
+
+proptest::proptest! {
+    /// Without temperature, KV-aware always picks a candidate at the
+    /// lowest logit (ties, NaN credits and huge loads included), and the
+    /// same ones for the same seed.
+    #[test]
+    fn kv_aware_picks_a_lowest_logit_reproducibly(
+        workers in proptest::collection::vec(
+            (0usize..12, 0u64..6, 0u64..3, proptest::sample::select(vec![0.0, 0.5, f64::NAN])),
+            1..12,
+        ),
+        seed: u64,
+        huge: bool,
+    ) {
+        let scale = if huge { u64::MAX / 8 } else { 1 };
+        let candidates: Vec<Candidate> = (workers.iter().enumerate())
+            .map(|(i, &(overlap, active, queued, credit))| {
+                let load = WorkerLoad::new(active.saturating_mul(scale), queued * 16, active);
+                let mut candidate = Candidate::new(i as u64, overlap, load);
+                candidate.tier_credit = credit;
+                candidate
+            })
+            .collect();
+        let logits: Vec<f64> = (candidates.iter())
+            .map(|c| KvAware::new(0).logit(&REQUEST, c))
+            .collect();
+        let min = logits.iter().copied().fold(f64::INFINITY, f64::min);
+        let (mut first, mut second) = (KvAware::new(seed), KvAware::new(seed));
+        let chosen = picks(&mut first, &candidates, 64);
+        proptest::prop_assert_eq!(&chosen, &picks(&mut second, &candidates, 64));
+        for &i in &chosen {
+            proptest::prop_assert_eq!(logits[i], min);
+        }
+    }
+}
