@@ -555,10 +555,11 @@ impl EventSink for RouterFeed<'_> {
     }
 }
 
-/// Arrivals whose prompts and keys are built together (in parallel, on the
-/// engines' threads) before the first of them is routed: enough to share
-/// out, few enough that their prompts (about 50 KB each on the
-/// conversation trace) stay in cache until they are submitted.
+/// Arrivals whose prompts and keys are built together, off the serial path:
+/// the first window on every thread, each later one on another thread while
+/// the window before it is routed. Enough to be worth a task, few enough
+/// that their prompts (about 50 KB each on the conversation trace) stay in
+/// cache until they are submitted.
 const PREPARE_WINDOW: usize = 32;
 
 /// An arrival's prompt and request keys: everything about it that does not
@@ -704,32 +705,55 @@ fn replay_policy(
     // The whole loop on the pool's first thread: each arrival's steps then
     // fork from a worker (the other one often still spinning) rather than
     // waking the pool from outside and sleeping until it is done.
+    let prepare = |window: &[usize]| -> Vec<Result<Prepared, SimError>> {
+        (window.iter())
+            .map(|&index| Prepared::new(trace, index, block_size, &format))
+            .collect()
+    };
     threads.within(|| -> Result<(), SimError> {
-        for window in arrivals.chunks(PREPARE_WINDOW) {
-            let prepared = threads.map(window, |index| {
-                Prepared::new(trace, index, block_size, &format)
-            });
-            for (&index, prepared) in window.iter().zip(prepared) {
-                let Prepared { prompt, keys } = prepared?;
-                let at = arrival(trace, index)?;
-                // Every step that begins before the arrival, on every engine.
-                threads.run_until(&mut engines, Some(at), wire)?;
-                if let Some(tap) = &mut pool_tap {
-                    tap.pump(&mut pool_feed)?;
-                }
-                let prompt_tokens = prompt.as_ref().map_or(0, |p| p.tokens().len());
-                let request = RouteRequest::new(&keys, prompt_tokens, block_size);
-                let worker = router
-                    .route(&request, policy.as_mut())
-                    .map_or(0, |decision| decision.worker as usize);
-                assigned[index] = worker;
-                let engine = &mut engines[worker];
-                engine.sim.wake_at(at);
-                engine.sim.submit(index, prompt.map(SimPrompt::Hashed))?;
-                // Its queued prompt tokens now include this one, so a burst of
-                // arrivals spreads before the engine next steps.
-                engine.report_load(&router)?;
-            }
+        let mut windows = arrivals.chunks(PREPARE_WINDOW);
+        let mut next = windows.next().map(|window| {
+            (
+                window,
+                threads.map(window, |index| {
+                    Prepared::new(trace, index, block_size, &format)
+                }),
+            )
+        });
+        while let Some((window, prepared)) = next.take() {
+            // The next window's prompts are built on another thread while
+            // this one's arrivals are routed and the engines step to them
+            // (mostly one engine at a time, on this thread).
+            let following = windows.next();
+            let (routed, built) = threads.join(
+                || -> Result<(), SimError> {
+                    for (&index, prepared) in window.iter().zip(prepared) {
+                        let Prepared { prompt, keys } = prepared?;
+                        let at = arrival(trace, index)?;
+                        // Every step that begins before the arrival, on every engine.
+                        threads.run_until(&mut engines, Some(at), wire)?;
+                        if let Some(tap) = &mut pool_tap {
+                            tap.pump(&mut pool_feed)?;
+                        }
+                        let prompt_tokens = prompt.as_ref().map_or(0, |p| p.tokens().len());
+                        let request = RouteRequest::new(&keys, prompt_tokens, block_size);
+                        let worker = router
+                            .route(&request, policy.as_mut())
+                            .map_or(0, |decision| decision.worker as usize);
+                        assigned[index] = worker;
+                        let engine = &mut engines[worker];
+                        engine.sim.wake_at(at);
+                        engine.sim.submit(index, prompt.map(SimPrompt::Hashed))?;
+                        // Its queued prompt tokens now include this one, so a burst of
+                        // arrivals spreads before the engine next steps.
+                        engine.report_load(&router)?;
+                    }
+                    Ok(())
+                },
+                || following.map(|window| (window, prepare(window))),
+            );
+            routed?;
+            next = built;
         }
         threads.run_until(&mut engines, None, wire)
     })?;
@@ -898,6 +922,19 @@ impl Threads {
         match self {
             Self::Pool(pool) => pool.install(f),
             Self::Here => f(),
+        }
+    }
+
+    /// `a` and `b`, `b` on another of the pool's threads if one is free
+    /// (in turn, without a pool).
+    fn join<A: Send, B: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> B + Send,
+    ) -> (A, B) {
+        match self {
+            Self::Pool(pool) => pool.join(a, b),
+            Self::Here => (a(), b()),
         }
     }
 
