@@ -90,50 +90,11 @@ impl<D> Tiers<D> {
         let wanted = hashes
             .get(..max_blocks.min(hashes.len()))
             .unwrap_or_default();
-        // With no load in flight, nothing stops the walk but a block no
-        // tier has: each run is served where it is, made most recently used
-        // there, without pinning it (nothing runs meanwhile).
-        let mut found = 0;
-        'walk: while self.loading.is_empty() && found < wanted.len() {
-            for index in 0..self.lower.len() {
-                // The first lower tier as far as it goes; one further down
-                // for the next block only (a tier above may have the one
-                // after).
-                let end = if index == 0 { wanted.len() } else { found + 1 };
-                let run = self.lower[index].pool.touch_prefix(&wanted[found..end]);
-                if run > 0 {
-                    self.served(index, run, &mut loaded_from);
-                    found += run;
-                    continue 'walk;
-                }
-            }
-            break;
-        }
-        // Otherwise pins, one match per run of one tier's blocks, up to the
-        // first block only a transfer in flight has.
-        let levels = match self.loading.is_empty() {
-            true => Vec::new(),
-            false => self.locate(wanted),
-        };
         let mut pins: Vec<ImmutableBlocks<Lower>> = Vec::new();
-        while found < levels.len() {
-            let Some(index) = levels[found] else {
-                break;
-            };
-            let run = (levels[found..].iter())
-                .take_while(|&&level| level == Some(index))
-                .count();
-            let matched = self.lower[index]
-                .pool
-                .match_blocks(&wanted[found..found + run]);
-            let pinned = matched.len();
-            self.served(index, pinned, &mut loaded_from);
-            pins.push(matched);
-            found += pinned;
-            if pinned < run {
-                break;
-            }
-        }
+        let found = match self.loading.is_empty() {
+            true => self.touch_runs(wanted, &mut loaded_from),
+            false => self.pin_runs(wanted, &mut loaded_from, &mut pins),
+        };
         if let Some(sketch) = &mut self.hits {
             for hash in &wanted[..found] {
                 sketch.increment(hash.value());
@@ -158,6 +119,61 @@ impl<D> Tiers<D> {
         // the blocks now due.
         self.store_hit_lower_now(&wanted[..found]);
         (loaded, loaded_from)
+    }
+
+    /// With no load in flight nothing stops the walk but a block no tier
+    /// has: each run of `wanted` is served where it is, made most recently
+    /// used there without pinning it (nothing runs meanwhile); how many.
+    fn touch_runs(&mut self, wanted: &[SequenceHash], loaded_from: &mut [usize]) -> usize {
+        let mut found = 0;
+        'walk: while found < wanted.len() {
+            for index in 0..self.lower.len() {
+                // The first lower tier as far as it goes; one further down
+                // for the next block only (a tier above may have the one
+                // after).
+                let end = if index == 0 { wanted.len() } else { found + 1 };
+                let run = self.lower[index].pool.touch_prefix(&wanted[found..end]);
+                if run > 0 {
+                    self.served(index, run, loaded_from);
+                    found += run;
+                    continue 'walk;
+                }
+            }
+            break;
+        }
+        found
+    }
+
+    /// With loads in flight: pins for the runs of `wanted`, one match per
+    /// run of one tier's blocks, up to the first block no tier has or only
+    /// a transfer in flight has; how many.
+    fn pin_runs(
+        &mut self,
+        wanted: &[SequenceHash],
+        loaded_from: &mut [usize],
+        pins: &mut Vec<ImmutableBlocks<Lower>>,
+    ) -> usize {
+        let levels = self.locate(wanted);
+        let mut found = 0;
+        while found < levels.len() {
+            let Some(index) = levels[found] else {
+                break;
+            };
+            let run = (levels[found..].iter())
+                .take_while(|&&level| level == Some(index))
+                .count();
+            let matched = self.lower[index]
+                .pool
+                .match_blocks(&wanted[found..found + run]);
+            let pinned = matched.len();
+            self.served(index, pinned, loaded_from);
+            pins.push(matched);
+            found += pinned;
+            if pinned < run {
+                break;
+            }
+        }
+        found
     }
 
     /// Counts `blocks` served from lower tier `index`.
