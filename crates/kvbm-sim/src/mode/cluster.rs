@@ -702,24 +702,17 @@ fn replay_policy(
         index: &pool_index,
         format: &format,
     };
+    let prepare = |index: usize| Prepared::new(trace, index, block_size, &format);
     // The whole loop on the pool's first thread: each arrival's steps then
     // fork from a worker (the other one often still spinning) rather than
     // waking the pool from outside and sleeping until it is done.
-    let prepare = |window: &[usize]| -> Vec<Result<Prepared, SimError>> {
-        (window.iter())
-            .map(|&index| Prepared::new(trace, index, block_size, &format))
-            .collect()
-    };
     threads.within(|| -> Result<(), SimError> {
         let mut windows = arrivals.chunks(PREPARE_WINDOW);
-        let mut next = windows.next().map(|window| {
-            (
-                window,
-                threads.map(window, |index| {
-                    Prepared::new(trace, index, block_size, &format)
-                }),
-            )
-        });
+        // The first window on every thread; each later one beside the
+        // routing of the window before it, below.
+        let mut next = windows
+            .next()
+            .map(|window| (window, threads.map(window, prepare)));
         while let Some((window, prepared)) = next.take() {
             // The next window's prompts are built on another thread while
             // this one's arrivals are routed and the engines step to them
@@ -750,7 +743,7 @@ fn replay_policy(
                     }
                     Ok(())
                 },
-                || following.map(|window| (window, prepare(window))),
+                || following.map(|window| (window, window.iter().map(|&i| prepare(i)).collect())),
             );
             routed?;
             next = built;
