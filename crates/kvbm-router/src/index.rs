@@ -40,11 +40,15 @@ use crate::{RouterError, WorkerId};
 /// The index keeps, for each key on each medium, the set of workers
 /// holding it, as a set of dense worker numbers: a few inline, more as a
 /// sorted list, many as a bitset (so a key one worker holds costs no
-/// fleet-wide bitset). The keys are split over 256 shards, each behind its
-/// own lock: a worker's events (every block every engine stores or evicts:
-/// the bulk of a router's work) lock one shard per block and nothing over
-/// the whole index, so workers applied from different threads meet only
-/// when their blocks fall in the same shard at the same moment.
+/// fleet-wide bitset). The keys are split over 256 maps under 16 locks
+/// (shards): a worker's events (every block every engine stores or
+/// evicts: the bulk of a router's work) lock nothing over the whole index,
+/// so workers applied from different threads meet only when their blocks
+/// fall under the same lock at the same moment. An event's keys are
+/// grouped by lock, 64 at a time, so a long event takes each lock it needs
+/// once (an uncontended lock is still two atomic operations, which were
+/// most of an update's time when every key took its own); an event of
+/// fewer than 16 keys takes a lock per key.
 ///
 /// A request's overlap intersects its keys' holder sets one after the
 /// other, recording the depth at which each worker drops out, and stops
@@ -52,11 +56,12 @@ use crate::{RouterError, WorkerId};
 /// workers that match it (a step costs a probe per match, or a word per 64
 /// workers while many match), not the size of the fleet.
 ///
-/// What that costs the events: a shard lock and a map update per block
-/// (where sets per worker took one lock per event), and a map entry of 32
+/// What that costs the events: a map update per block and a shard lock
+/// per block or per run of blocks under one lock (where sets per worker
+/// took one lock per event), and a map entry of 32
 /// bytes per key and medium held (a key one worker holds costs twice what
 /// a set per worker did; a key many hold, far less). An event's blocks
-/// land one at a time and a lookup reads each key as it is when it gets
+/// land a shard at a time and a lookup reads each key as it is when it gets
 /// there, so a lookup racing a worker's events may see some of their
 /// blocks and not others (never a block the worker never stored); a
 /// worker's addition, removal and clear are atomic to lookups.

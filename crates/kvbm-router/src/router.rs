@@ -23,7 +23,8 @@
 //!    lock is a leaf.
 //!
 //! The event path takes the map's read lock, the tally, the index's table
-//! read lock and, per block, one key shard's lock: nothing over the whole
+//! read lock and one key shard's lock per block, or per run of an event's
+//! blocks under that shard's lock: nothing over the whole
 //! index is written, and nothing is allocated per block. The index's
 //! garbage sweep (after a removal or clear, when due) takes its own sweep
 //! lock, the table and the shards one at a time, and runs with none of the

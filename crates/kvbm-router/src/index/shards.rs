@@ -1,7 +1,8 @@
 //! [`Shards`]: every key's [`Holders`] per medium, split by key over a
-//! fixed number of shards, each behind its own lock: an event locks one
-//! shard per block, so events of different workers rarely meet, and no
-//! update takes a lock over the whole index.
+//! fixed number of maps under fewer locks: an event takes each lock its
+//! keys need once per round of 64 keys (or one per key when it has few),
+//! so events of different workers rarely meet, and no update takes a
+//! lock over the whole index.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -12,23 +13,32 @@ use super::holders::{Bits, Holders, WorkerSlot};
 use crate::medium::Slot;
 use crate::sync::{RwLock, RwLockReadGuard, read, write};
 
-/// log2 of the shards: 256, so two workers' events rarely meet (2 in the
-/// loom models, which need only see two keys meet or not).
+/// log2 of the locks: 16, so workers applied from different threads
+/// rarely meet and a round of an event's keys takes few (2 in the loom
+/// models, which need only see two keys meet or not).
 #[cfg(not(kvbm_loom))]
-const SHARD_BITS: u32 = 8;
+const LOCK_BITS: u32 = 4;
 #[cfg(kvbm_loom)]
-const SHARD_BITS: u32 = 1;
+const LOCK_BITS: u32 = 1;
 
-/// The shards.
-const SHARDS: usize = 1 << SHARD_BITS;
+/// log2 of the maps under one lock: 16, 256 in all (2 in the loom models,
+/// so that one lock's round spans maps).
+#[cfg(not(kvbm_loom))]
+const MAP_BITS: u32 = 4;
+#[cfg(kvbm_loom)]
+const MAP_BITS: u32 = 1;
 
-/// One medium's keys in one shard, with their holders.
+/// The locks.
+const LOCKS: usize = 1 << LOCK_BITS;
+
+/// The maps under one lock.
+const MAPS: usize = 1 << MAP_BITS;
+
+/// One medium's keys of one map slot, with their holders.
 type Map = HashMap<u128, Holders, RandomState>;
 
-/// One shard's keys: the device medium's in place (the routing path's
-/// map header shares its lock's cache line: `repr(C)`, device map first),
-/// the lower media's by slot from 1 (a slot past the end holds none).
-#[repr(C)]
+/// One map slot's keys: the device medium's in place, the lower media's
+/// by slot from 1 (a slot past the end holds none).
 #[derive(Debug, Default)]
 pub(super) struct Maps {
     device: Map,
@@ -110,11 +120,38 @@ impl Maps {
     }
 }
 
-/// A shard: its lock on a cache line of its own, so neighbours' locks do
-/// not share one.
+/// A shard: its maps, `MAPS` of them under one lock on a cache line of its
+/// own (so neighbours' locks do not share one). Keys are spread over more
+/// maps than locks so that no one map grows large: a map's growth copies
+/// it under the lock, and a small one's copy is short.
 #[repr(align(64))]
 #[derive(Debug)]
-struct Shard(RwLock<Maps>);
+struct Shard(RwLock<Stripe>);
+
+/// One lock's maps, picked by key.
+#[derive(Debug)]
+pub(super) struct Stripe([Maps; MAPS]);
+
+impl Default for Stripe {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| Maps::default()))
+    }
+}
+
+/// One key's maps, read-locked with the rest of their shard.
+pub(super) struct MapsRead<'a> {
+    stripe: RwLockReadGuard<'a, Stripe>,
+    /// The key's maps in the stripe.
+    at: usize,
+}
+
+impl MapsRead<'_> {
+    /// The holders of `key` (the key this was read for) on `medium`.
+    #[inline]
+    pub(super) fn holders(&self, medium: Slot, key: u128) -> Option<&Holders> {
+        self.stripe.0[self.at].holders(medium, key)
+    }
+}
 
 /// The shards.
 #[derive(Debug)]
@@ -122,26 +159,43 @@ pub(super) struct Shards(Box<[Shard]>);
 
 impl Default for Shards {
     fn default() -> Self {
-        Self(
-            (0..SHARDS)
-                .map(|_| Shard(RwLock::new(Maps::default())))
-                .collect(),
-        )
+        Self((0..LOCKS).map(|_| Shard(RwLock::default())).collect())
     }
 }
 
-/// `key`'s shard: a fixed mix of its bits (the maps inside are keyed with
-/// a random seed; this only spreads the locks).
+/// A fixed mix of `key`'s bits: its top bits pick its lock, the next its
+/// map under that lock (the maps inside are keyed with a random seed;
+/// this only spreads the locks and maps).
 #[inline]
-fn shard_of(key: u128) -> usize {
+fn mix(key: u128) -> u64 {
     let folded = (key as u64) ^ ((key >> 64) as u64);
-    let mixed = (folded ^ folded >> 29).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (mixed >> (64 - SHARD_BITS)) as usize
+    (folded ^ folded >> 29).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+/// `key`'s map, of all `LOCKS * MAPS`: its top bits are its lock, the
+/// rest its place under that lock.
+#[inline]
+fn map_of(key: u128) -> usize {
+    (mix(key) >> (64 - LOCK_BITS - MAP_BITS)) as usize
+}
+
+/// Keys an update groups by lock at a time: each lock it needs is taken
+/// once per round, in lock order.
+const ROUND: usize = 64;
+
+/// Keys below which an update takes a lock per key instead: grouping a
+/// few (zeroing a round's buffer and sorting it) costs more than the
+/// locks it would save. (2 in the loom models, whose events of two keys
+/// then take the grouped path.)
+#[cfg(not(kvbm_loom))]
+const GROUPED: usize = 16;
+#[cfg(kvbm_loom)]
+const GROUPED: usize = 2;
+
 impl Shards {
-    fn of(&self, key: u128) -> &RwLock<Maps> {
-        &self.0[shard_of(key)].0
+    /// The lock over map `map` (of all `LOCKS * MAPS`).
+    fn lock(&self, map: usize) -> &RwLock<Stripe> {
+        &self.0[map >> MAP_BITS].0
     }
 
     /// Records `slot` among the holders of each of `keys` on `medium`;
@@ -168,26 +222,104 @@ impl Shards {
         self.each(keys, |maps, key| maps.remove(medium, key, slot))
     }
 
-    /// Applies `op` to each of `keys` under its shard's write lock, one
-    /// key at a time; how many times it returned true. (Grouping a batch's
-    /// keys by shard, to lock each shard once per batch, cost more than
-    /// the locks it saved, even over 16 shards: the time goes to the maps'
-    /// cache misses more than to the locks.)
+    /// Applies `op` to each of `keys` under its lock's write lock; how
+    /// many times it returned true. The keys go in rounds of [`ROUND`],
+    /// each round's grouped by lock so that it takes each lock once: an
+    /// uncontended lock still costs two atomic operations, which were
+    /// most of an update's time when every key took its own. Keys under
+    /// one lock keep their order; the order across locks does not matter
+    /// (each key's update is its own).
     #[inline]
     fn each(
         &self,
         keys: impl IntoIterator<Item = u128>,
         mut op: impl FnMut(&mut Maps, u128) -> bool,
     ) -> usize {
-        (keys.into_iter())
-            .filter(|&key| op(&mut write(self.of(key)), key))
-            .count()
+        let mut keys = keys.into_iter();
+        let mut done = 0usize;
+        if keys.size_hint().0 < GROUPED {
+            return self.one_by_one(keys, &mut op);
+        }
+        let mut round = [0u128; ROUND];
+        loop {
+            let mut n = 0;
+            for (at, key) in round.iter_mut().zip(&mut keys) {
+                *at = key;
+                n += 1;
+            }
+            done += if n < GROUPED {
+                self.one_by_one(round[..n].iter().copied(), &mut op)
+            } else {
+                self.round(&round[..n], &mut op)
+            };
+            if n < ROUND {
+                return done;
+            }
+        }
     }
 
-    /// `key`'s shard, read-locked: its holders on every medium.
+    /// [`each`](Self::each) for a few keys: a lock each.
     #[inline]
-    pub(super) fn read(&self, key: u128) -> RwLockReadGuard<'_, Maps> {
-        read(self.of(key))
+    fn one_by_one(
+        &self,
+        keys: impl Iterator<Item = u128>,
+        op: &mut impl FnMut(&mut Maps, u128) -> bool,
+    ) -> usize {
+        keys.filter(|&key| {
+            let map = map_of(key);
+            op(&mut write(self.lock(map)).0[map & (MAPS - 1)], key)
+        })
+        .count()
+    }
+
+    /// One round of [`each`](Self::each), at most [`ROUND`] `keys`: their
+    /// positions sorted by lock (a counting sort, stable), then each
+    /// lock's run under one write lock.
+    fn round(&self, keys: &[u128], op: &mut impl FnMut(&mut Maps, u128) -> bool) -> usize {
+        let keys = &keys[..keys.len().min(ROUND)];
+        // Each key's map, 0..256; its lock is the top bits.
+        let mut map = [0u8; ROUND];
+        // Run `l` (lock `l`'s keys) is `starts[l]..starts[l + 1]`.
+        let mut starts = [0u8; LOCKS + 1];
+        for (at, &key) in map.iter_mut().zip(keys) {
+            let of = map_of(key);
+            *at = of as u8;
+            starts[(of >> MAP_BITS) + 1] += 1;
+        }
+        for l in 0..LOCKS {
+            starts[l + 1] += starts[l];
+        }
+        let mut order = [0u8; ROUND];
+        let mut next = starts;
+        for (at, &of) in map[..keys.len()].iter().enumerate() {
+            let run = &mut next[usize::from(of) >> MAP_BITS];
+            order[usize::from(*run)] = at as u8;
+            *run += 1;
+        }
+        let mut done = 0usize;
+        for (l, shard) in self.0.iter().enumerate() {
+            let run = &order[usize::from(starts[l])..usize::from(starts[l + 1])];
+            if run.is_empty() {
+                continue;
+            }
+            let mut stripe = write(&shard.0);
+            for &at in run {
+                let at = usize::from(at);
+                let maps = &mut stripe.0[usize::from(map[at]) & (MAPS - 1)];
+                done += usize::from(op(maps, keys[at]));
+            }
+        }
+        done
+    }
+
+    /// `key`'s maps, read-locked: its holders on every medium.
+    #[inline]
+    pub(super) fn read(&self, key: u128) -> MapsRead<'_> {
+        let map = map_of(key);
+        MapsRead {
+            stripe: read(self.lock(map)),
+            at: map & (MAPS - 1),
+        }
     }
 
     /// Drops the bits of `dead` slots from every holder set, shard by
@@ -196,8 +328,8 @@ impl Shards {
     pub(super) fn sweep(&self, dead: &Bits) -> usize {
         let mut kept = 0usize;
         for shard in self.0.iter() {
-            let mut maps = write(&shard.0);
-            for map in maps.all_mut() {
+            let mut stripe = write(&shard.0);
+            for map in stripe.0.iter_mut().flat_map(Maps::all_mut) {
                 map.retain(|_, holders| {
                     holders.remove_all(dead);
                     kept = kept.saturating_add(holders.len());
@@ -211,21 +343,23 @@ impl Shards {
         kept
     }
 
-    /// Distinct keys some `live` slot holds on some medium (each shard's
+    /// Distinct keys some `live` slot holds on some medium (each map's
     /// keys are its own). Visits every key.
     pub(super) fn distinct(&self, live: &Bits) -> usize {
         let held = |holders: &Holders| holders.iter().any(|slot| live.contains(slot));
         let mut total = 0usize;
         for shard in self.0.iter() {
-            let maps = read(&shard.0);
-            total = total.saturating_add(if maps.lower.is_empty() {
-                maps.device.values().filter(|h| held(h)).count()
-            } else {
-                let keys: HashSet<u128, RandomState> = (maps.all())
-                    .flat_map(|map| map.iter().filter(|(_, h)| held(h)).map(|(k, _)| *k))
-                    .collect();
-                keys.len()
-            });
+            let stripe = read(&shard.0);
+            for maps in &stripe.0 {
+                total = total.saturating_add(if maps.lower.is_empty() {
+                    maps.device.values().filter(|h| held(h)).count()
+                } else {
+                    let keys: HashSet<u128, RandomState> = (maps.all())
+                        .flat_map(|map| map.iter().filter(|(_, h)| held(h)).map(|(k, _)| *k))
+                        .collect();
+                    keys.len()
+                });
+            }
         }
         total
     }

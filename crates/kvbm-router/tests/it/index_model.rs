@@ -54,7 +54,13 @@ fn worker() -> impl Strategy<Value = WorkerId> {
 }
 
 fn keys() -> impl Strategy<Value = Vec<u128>> {
-    prop::collection::vec(prop_oneof![6 => 0..10u128, 1 => Just(u128::MAX)], 0..6)
+    let key = || prop_oneof![6 => 0..10u128, 1 => Just(u128::MAX)];
+    prop_oneof![
+        8 => prop::collection::vec(key(), 0..6),
+        // Longer than the index takes in one round of locks, with every
+        // key many times over.
+        1 => prop::collection::vec(key(), 60..140),
+    ]
 }
 
 fn medium() -> impl Strategy<Value = usize> {
