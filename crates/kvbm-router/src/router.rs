@@ -11,7 +11,9 @@
 //!    for a worker's whole addition or removal (list, map entry and index
 //!    set together), read by [`Router::candidates`], [`Router::set_load`],
 //!    [`Router::workers`] and [`Router::audit`]; a worker's load cell in it
-//!    is a leaf, locked under the read lock only;
+//!    is a leaf, written under the read lock only (its writer lock taken
+//!    by a report, and by a route's read only when it meets a report
+//!    under way);
 //! 2. a shard of the `workers` map: read (a `Ref`) for the whole of one
 //!    event or message, so a removal, which write-locks it, waits for the
 //!    events being applied and no later one finds the worker;
@@ -37,6 +39,7 @@
 //! and events racing) on this code.
 
 mod audit;
+mod load_cell;
 mod roster;
 
 use kvbm_blocks::{CacheEvent, EventMessage};
@@ -600,7 +603,7 @@ impl Router {
         let cell = order
             .load(worker)
             .ok_or(RouterError::UnknownWorker(worker))?;
-        *lock(cell) = load;
+        cell.set(load);
         Ok(())
     }
 

@@ -16,13 +16,13 @@ use std::sync::PoisonError;
 #[cfg(not(kvbm_loom))]
 pub(crate) use std::sync::{
     Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence},
 };
 
 #[cfg(kvbm_loom)]
 pub(crate) use loom::sync::{
     Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence},
 };
 
 pub(crate) use map::{WorkerMap, WorkerRef};

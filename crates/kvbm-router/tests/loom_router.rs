@@ -312,3 +312,37 @@ fn a_clear_racing_a_store_keeps_counts_and_lookups_agreeing() {
         assert_eq!(index.len(), held);
     });
 }
+
+/// Load reports racing a route: a route reads each load without a lock,
+/// so one racing two reports of the same worker (from two threads) must
+/// still see one whole report, never fields of two, nor a field of a
+/// report next to a stale one.
+#[test]
+fn a_route_racing_load_reports_sees_whole_reports() {
+    loom::model(|| {
+        let router = Arc::new(Router::new());
+        router.add_worker(W).expect("fresh worker");
+        // Every report's fields agree, so a torn one shows.
+        let report = |k: u64| WorkerLoad::new(k, k, k);
+        let reporters: Vec<_> = [1, 2]
+            .map(|k| {
+                let router = Arc::clone(&router);
+                thread::spawn(move || router.set_load(W, report(k)).expect("live worker"))
+            })
+            .into_iter()
+            .collect();
+        let seen = candidates(&router, &[]);
+        for reporter in reporters {
+            reporter.join().expect("no panic");
+        }
+        let [candidate] = seen.as_slice() else {
+            panic!("one worker: {seen:?}");
+        };
+        assert!(
+            [0, 1, 2].map(report).contains(&candidate.load),
+            "a torn load: {seen:?}"
+        );
+        let after = candidates(&router, &[]);
+        assert!([1, 2].map(report).contains(&after[0].load), "{after:?}");
+    });
+}

@@ -1,22 +1,23 @@
 //! [`Roster`]: the live workers in order, each with its last reported load
 //! beside it.
 
+use super::load_cell::LoadCell;
 use super::{WorkerId, WorkerLoad};
-use crate::sync::{Mutex, lock};
 
 /// The live workers, sorted, and their loads in a parallel array, each in a
 /// cell of its own.
 ///
 /// A route reads every worker's load, so the loads sit together: one pass
-/// over two arrays (40 bytes a worker), where a lookup per worker in the
-/// workers map cost a hash, a shard lock and a cache miss each, the cost
-/// that grew with the fleet. A load report locks only its own worker's
-/// cell, under the roster's read lock, so reports of different workers
-/// never wait for each other.
+/// over two arrays, where a lookup per worker in the workers map cost a
+/// hash, a shard lock and a cache miss each, the cost that grew with the
+/// fleet. A load report writes only its own worker's cell, under the
+/// roster's read lock, so reports of different workers never wait for
+/// each other, and a route reads the cells without locking them
+/// ([`LoadCell`]).
 #[derive(Debug, Default)]
 pub(super) struct Roster {
     ids: Vec<WorkerId>,
-    loads: Vec<Mutex<WorkerLoad>>,
+    loads: Vec<LoadCell>,
 }
 
 impl Roster {
@@ -34,7 +35,7 @@ impl Roster {
     /// [`find`](Self::find)'s `Err`).
     pub(super) fn insert(&mut self, at: usize, worker: WorkerId) {
         self.ids.insert(at, worker);
-        self.loads.insert(at, Mutex::new(WorkerLoad::default()));
+        self.loads.insert(at, LoadCell::default());
     }
 
     /// Unlists the worker at `at` (from [`find`](Self::find)'s `Ok`).
@@ -44,13 +45,12 @@ impl Roster {
     }
 
     /// `worker`'s load cell; `None` unless it is live.
-    pub(super) fn load(&self, worker: WorkerId) -> Option<&Mutex<WorkerLoad>> {
+    pub(super) fn load(&self, worker: WorkerId) -> Option<&LoadCell> {
         self.find(worker).ok().and_then(|at| self.loads.get(at))
     }
 
-    /// Every live worker with its load, ascending; each cell locked only
-    /// while it is read.
+    /// Every live worker with its load, ascending.
     pub(super) fn loads(&self) -> impl Iterator<Item = (WorkerId, WorkerLoad)> + '_ {
-        (self.ids.iter().copied()).zip(self.loads.iter().map(|cell| *lock(cell)))
+        (self.ids.iter().copied()).zip(self.loads.iter().map(LoadCell::get))
     }
 }

@@ -436,3 +436,59 @@ fn check_quiescent(router: &Router, phase: usize) -> Result<(), String> {
     }
     router.audit().map(drop).map_err(|e| fail(e.to_string()))
 }
+
+/// Load reports from several threads per worker while others route: a
+/// route reads loads without locking them, and must still see each
+/// worker's load as one whole report (every report here has equal fields,
+/// so a torn one shows), and after the reports each worker's last one.
+#[test]
+fn routes_racing_load_reports_see_whole_reports() {
+    const WORKERS: u64 = 8;
+    const REPORTS: u64 = 20_000;
+    let router = Arc::new(Router::new());
+    for worker in 0..WORKERS {
+        router.add_worker(worker).expect("fresh worker");
+    }
+    let report = |k: u64| kvbm_router::WorkerLoad::new(k, k, k);
+    let reporters_left = Arc::new(std::sync::atomic::AtomicUsize::new(2));
+    let mut threads: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    // Two reporters for every worker, one counting up to REPORTS, one
+    // down to REPORTS + 1.
+    for up in [true, false] {
+        let (router, left) = (Arc::clone(&router), Arc::clone(&reporters_left));
+        threads.push(Box::new(move || {
+            for i in 1..=REPORTS {
+                let k = if up { i } else { 2 * REPORTS + 1 - i };
+                for worker in 0..WORKERS {
+                    router
+                        .set_load(worker, report(k))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            left.fetch_sub(1, Ordering::Relaxed);
+            Ok(())
+        }));
+    }
+    for _ in 0..2 {
+        let (router, left) = (Arc::clone(&router), Arc::clone(&reporters_left));
+        threads.push(Box::new(move || {
+            let request = kvbm_router::RouteRequest::new(&[], 16, 16);
+            while left.load(Ordering::Relaxed) > 0 {
+                for candidate in router.candidates(&request) {
+                    if candidate.load != report(candidate.load.active_blocks) {
+                        return Err(format!("a torn load: {candidate:?}"));
+                    }
+                }
+            }
+            Ok(())
+        }));
+    }
+    race(threads);
+    let last = [report(REPORTS), report(REPORTS + 1)];
+    for candidate in router.candidates(&kvbm_router::RouteRequest::new(&[], 16, 16)) {
+        assert!(
+            last.contains(&candidate.load),
+            "not a last report: {candidate:?}"
+        );
+    }
+}
