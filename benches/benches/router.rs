@@ -17,6 +17,11 @@
 //! looks up the shared chain (every worker matches all 64 blocks),
 //! `overlaps/fleet-1024-one` one worker's own chain (one worker matches):
 //! what a lookup costs at fleet size when everyone or no one else matches.
+//! `route-kv-aware/fleet-1024-*` routes those requests, every worker idle
+//! (so every idle worker ties for the least work and is offered to the
+//! policy); `-loaded` after each worker reported a load of its own (so
+//! the policy is offered the holders and the one least-loaded idle
+//! worker).
 //! `store+remove/fleet-1024` stores then removes a 64-block chain of new
 //! blocks on one of the 1,024 workers, `store+remove/fleet-1024-shared`
 //! removes then stores again its copy of the shared chain (blocks 1,023
@@ -32,7 +37,7 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvbm_benches::is_smoke_test;
 use kvbm_events::{BlockHash, BlockStored, KvEvent};
-use kvbm_router::{KvAware, RouteRequest, Router};
+use kvbm_router::{KvAware, RouteRequest, Router, WorkerLoad};
 
 const WORKERS: u64 = 16;
 /// Workers of the large-fleet lookup.
@@ -130,6 +135,21 @@ fn bench_fleet(c: &mut Criterion) {
             b.iter(|| black_box(router.index().overlaps(black_box(keys))));
         });
         // The whole route: the lookup, every worker's load, the policy.
+        group.bench_with_input(BenchmarkId::new("route-kv-aware", name), keys, |b, keys| {
+            let mut policy = KvAware::new(0);
+            let request = RouteRequest::new(keys, 16 * CHAIN as usize, 16);
+            b.iter(|| black_box(router.route(&request, &mut policy)));
+        });
+    }
+    // The same routes once every worker has reported a load of its own.
+    for worker in 0..FLEET_1024 {
+        let load = WorkerLoad::new(1 + (worker * 7_919) % 1_024, (worker * 104_729) % 4_096, 1);
+        router.set_load(worker, load).expect("known worker");
+    }
+    for (name, keys) in [
+        ("fleet-1024-all-loaded", &all),
+        ("fleet-1024-one-loaded", &one),
+    ] {
         group.bench_with_input(BenchmarkId::new("route-kv-aware", name), keys, |b, keys| {
             let mut policy = KvAware::new(0);
             let request = RouteRequest::new(keys, 16 * CHAIN as usize, 16);

@@ -64,7 +64,9 @@ use kvbm_events::BlockHash;
 
 pub use error::RouterError;
 pub use index::PrefixIndex;
-pub use policy::{Candidate, KvAware, LeastLoaded, Policy, Random, RoundRobin, RouteRequest};
+pub use policy::{
+    Candidate, KvAware, LeastLoaded, Offer, Policy, Random, RoundRobin, RouteRequest,
+};
 pub use router::{Decision, Router, RouterAudit, WorkerId, WorkerLoad, WorkerStats};
 
 /// The index key of a block hash as engines send it: an integer hash as is,

@@ -62,7 +62,8 @@ impl Candidate {
 }
 
 /// Chooses a worker for a request. Implement it to route your own way; the
-/// router hands over every live worker, in worker order.
+/// router hands over every live worker, in worker order, or the shortlist
+/// the policy asks for with [`offer`](Self::offer).
 pub trait Policy {
     /// A short name for reports (`"kv-aware"`).
     fn name(&self) -> &str;
@@ -70,6 +71,34 @@ pub trait Policy {
     /// The index in `candidates` of the chosen worker (`None` only when
     /// there are none).
     fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize>;
+
+    /// Which workers [`choose`](Self::choose) must see: every live worker
+    /// (the default), or a shortlist ([`Offer`]) that a policy may ask for
+    /// only if its choice among every worker is always on it, and is the
+    /// same whether it is offered everyone or the shortlist.
+    fn offer(&self) -> Offer {
+        Offer::Everyone
+    }
+}
+
+/// The workers a [`Router`](crate::Router) offers a [`Policy`], in worker
+/// order either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Offer {
+    /// Every live worker.
+    Everyone,
+    /// The workers that hold a prefix of the request (device blocks, or a
+    /// lower tier's credit with medium weights), and of the others those
+    /// with the least work, ties included: queued prefill tokens plus
+    /// active blocks times the request's block size (at least 1), the
+    /// integer [`LeastLoaded`] and [`KvAware`] order idle workers by. A
+    /// route then costs the holders and a pass over the loads, not a
+    /// candidate for every worker. Everyone is offered instead when that
+    /// least work reaches 2^32 tokens, the prompt 2^32 tokens or the block
+    /// size 2^16, where a policy computing in `f64` could no longer order
+    /// different work exactly.
+    HoldersAndLeastWork,
 }
 
 /// A small seeded generator (SplitMix64): policies must be reproducible
@@ -154,6 +183,13 @@ pub struct LeastLoaded;
 impl Policy for LeastLoaded {
     fn name(&self) -> &str {
         "least-loaded"
+    }
+
+    /// The least work is among the holders or is the least work of the
+    /// rest, and every worker at it is offered (in order, so the first of
+    /// the ties is the same).
+    fn offer(&self) -> Offer {
+        Offer::HoldersAndLeastWork
     }
 
     fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {
@@ -275,6 +311,23 @@ impl LogitTerms {
 impl Policy for KvAware {
     fn name(&self) -> &str {
         "kv-aware"
+    }
+
+    /// A shortlist with the default weight and temperature: a worker
+    /// holding nothing then has the logit
+    /// `(work + prompt tokens) / block size + prompt blocks`
+    /// (work as [`Offer::HoldersAndLeastWork`] counts it), so more work is a higher logit by at least `1 / block size`, far
+    /// above the rounding of values below the offer's bounds: the lowest
+    /// logit and every tie at it are on the shortlist, in the same order,
+    /// and the same draw picks the same worker. Any other weight or
+    /// temperature weighs every worker's exact logit, so everyone is
+    /// offered.
+    fn offer(&self) -> Offer {
+        if self.overlap_weight == 1.0 && self.temperature == 0.0 {
+            Offer::HoldersAndLeastWork
+        } else {
+            Offer::Everyone
+        }
     }
 
     fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {

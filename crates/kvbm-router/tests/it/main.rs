@@ -10,6 +10,7 @@ mod message;
 mod policies;
 mod race;
 mod router;
+mod shortlist;
 
 use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
 
