@@ -88,17 +88,20 @@ pub trait Policy {
 pub enum Offer {
     /// Every live worker.
     Everyone,
-    /// The workers that hold a prefix of the request (device blocks, or a
-    /// lower tier's credit with medium weights), and of the others those
-    /// with the least work, ties included: queued prefill tokens plus
-    /// active blocks times the request's block size (at least 1), the
-    /// integer [`LeastLoaded`] and [`KvAware`] order idle workers by. A
-    /// route then costs the holders and a pass over the loads, not a
-    /// candidate for every worker. Everyone is offered instead when that
-    /// least work reaches 2^32 tokens, the prompt 2^32 tokens or the block
-    /// size 2^16, where a policy computing in `f64` could no longer order
-    /// different work exactly.
-    HoldersAndLeastWork,
+    /// For each number of the request's leading blocks a worker holds on
+    /// its device (none included), the workers holding that many with the
+    /// least work, ties included: queued prefill tokens plus active blocks
+    /// times the request's block size (at least 1), the integer
+    /// [`LeastLoaded`] and [`KvAware`] order equally placed workers by.
+    /// With medium weights ([`Router::with_medium_weight`](crate::Router::with_medium_weight))
+    /// every worker holding something on any medium is offered, and of the
+    /// rest those with the least work. A route then builds a few
+    /// candidates in a pass over the loads, not one for every worker.
+    /// Everyone is offered instead when some least work reaches 2^32
+    /// tokens, the prompt 2^32 tokens or the block size 2^16, where a
+    /// policy computing in `f64` could no longer order different work
+    /// exactly.
+    LeastWorkAtEachDepth,
 }
 
 /// A small seeded generator (SplitMix64): policies must be reproducible
@@ -185,11 +188,11 @@ impl Policy for LeastLoaded {
         "least-loaded"
     }
 
-    /// The least work is among the holders or is the least work of the
-    /// rest, and every worker at it is offered (in order, so the first of
-    /// the ties is the same).
+    /// The least work anywhere is the least at some depth, and every
+    /// worker at it is offered (in order, so the first of the ties is the
+    /// same).
     fn offer(&self) -> Offer {
-        Offer::HoldersAndLeastWork
+        Offer::LeastWorkAtEachDepth
     }
 
     fn choose(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<usize> {
@@ -313,18 +316,18 @@ impl Policy for KvAware {
         "kv-aware"
     }
 
-    /// A shortlist with the default weight and temperature: a worker
-    /// holding nothing then has the logit
-    /// `(work + prompt tokens) / block size + prompt blocks`
-    /// (work as [`Offer::HoldersAndLeastWork`] counts it), so more work is a higher logit by at least `1 / block size`, far
-    /// above the rounding of values below the offer's bounds: the lowest
-    /// logit and every tie at it are on the shortlist, in the same order,
-    /// and the same draw picks the same worker. Any other weight or
-    /// temperature weighs every worker's exact logit, so everyone is
-    /// offered.
+    /// A shortlist with the default weight and temperature: workers that
+    /// hold the same leading blocks (and no lower tier's) then have the
+    /// logit `(work + tokens to compute) / block size + prompt blocks`
+    /// (work as [`Offer::LeastWorkAtEachDepth`] counts it), so more work
+    /// is a higher logit by at least `1 / block size`, far above the
+    /// rounding of values below the offer's bounds: the lowest logit and
+    /// every tie at it are on the shortlist, in the same order, and the
+    /// same draw picks the same worker. Any other weight or temperature
+    /// weighs every worker's exact logit, so everyone is offered.
     fn offer(&self) -> Offer {
         if self.overlap_weight == 1.0 && self.temperature == 0.0 {
-            Offer::HoldersAndLeastWork
+            Offer::LeastWorkAtEachDepth
         } else {
             Offer::Everyone
         }

@@ -41,6 +41,7 @@
 mod audit;
 mod load_cell;
 mod roster;
+mod shortlist;
 
 use kvbm_blocks::{CacheEvent, EventMessage};
 use kvbm_events::{KvEvent, KvEventBatch, WireFormat};
@@ -54,6 +55,7 @@ use crate::{Candidate, Offer, Policy, PrefixIndex, RouteRequest, RouterError, bl
 
 pub use audit::RouterAudit;
 use roster::Roster;
+use shortlist::shortlist;
 
 /// A worker's identity (an engine, or one data-parallel rank of one).
 pub type WorkerId = u64;
@@ -163,99 +165,22 @@ fn everyone(
         .collect()
 }
 
-/// Least work below which [`Offer::HoldersAndLeastWork`] shortlists.
-const SHORTLIST_WORK: u128 = 1 << 32;
-/// Prompt tokens below which it shortlists.
-const SHORTLIST_PROMPT: usize = 1 << 32;
-/// Block size below which it shortlists.
-const SHORTLIST_BLOCK: usize = 1 << 16;
-
-/// [`Offer::HoldersAndLeastWork`]: the workers in `order` that `holding`
-/// finds (credited by `credit_of`), and of the rest those with the least
-/// work, in worker order; `None` outside the offer's bounds.
-fn shortlist<'a, T: 'a>(
-    order: &Roster,
-    holders: usize,
-    mut holding: impl FnMut(WorkerId) -> Option<&'a T>,
-    credit_of: impl Fn(&T) -> (usize, f64),
-    request: &RouteRequest<'_>,
-) -> Option<Vec<Candidate>> {
-    if request.prompt_tokens >= SHORTLIST_PROMPT || request.block_size >= SHORTLIST_BLOCK {
-        return None;
-    }
-    let block_size = request.block_size.max(1) as u128;
-    // Sized once: at most `holders` holders, and the rest may all tie.
-    let mut held = Vec::with_capacity(holders);
-    let mut least = Vec::with_capacity(order.ids().len().saturating_sub(holders));
-    let mut least_work = u128::MAX;
-    for (worker, load) in order.loads() {
-        if let Some(entry) = holding(worker) {
-            let (overlap_blocks, tier_credit) = credit_of(entry);
-            held.push(Candidate {
-                worker,
-                overlap_blocks,
-                tier_credit,
-                load,
-            });
-            continue;
-        }
-        // Below 2^128: each term is below 2^64 times below 2^16.
-        let work =
-            u128::from(load.queued_prefill_tokens) + u128::from(load.active_blocks) * block_size;
-        if work < least_work {
-            least_work = work;
-            least.clear();
-        }
-        if work == least_work {
-            least.push(Candidate::new(worker, 0, load));
-        }
-    }
-    if !least.is_empty() && least_work >= SHORTLIST_WORK {
-        return None;
-    }
-    Some(merged(held, least))
-}
-
-/// Two candidate lists, each in worker order, as one.
-fn merged(held: Vec<Candidate>, mut least: Vec<Candidate>) -> Vec<Candidate> {
-    if least.is_empty() {
-        return held;
-    }
-    if held.len() <= 4 {
-        // A few holders among many idle workers: each moved into place.
-        for holder in held {
-            let at = least.partition_point(|idle| idle.worker < holder.worker);
-            least.insert(at, holder);
-        }
-        return least;
-    }
-    let mut list = Vec::with_capacity(held.len() + least.len());
-    let mut least = least.into_iter().peekable();
-    for holder in held {
-        while let Some(idle) = least.next_if(|idle| idle.worker < holder.worker) {
-            list.push(idle);
-        }
-        list.push(holder);
-    }
-    list.extend(least);
-    list
-}
-
 /// The candidates `offer` names among `order`, `overlaps` (ascending by
-/// `worker_of`) crediting each by `credit_of`.
+/// `worker_of`) crediting each by `credit_of`; `grouped` unless some
+/// credit is a lower tier's (see [`shortlist`]).
 fn offered<T>(
     order: &Roster,
     overlaps: &[T],
     worker_of: impl Fn(&T) -> WorkerId + Copy,
     credit_of: impl Fn(&T) -> (usize, f64) + Copy,
+    grouped: bool,
     offer: Offer,
     request: &RouteRequest<'_>,
 ) -> Vec<Candidate> {
-    if offer == Offer::HoldersAndLeastWork {
-        let holding = by_worker(overlaps, worker_of);
-        if let Some(list) = shortlist(order, overlaps.len(), holding, credit_of, request) {
-            return list;
-        }
+    if offer == Offer::LeastWorkAtEachDepth
+        && let Some(list) = shortlist(order, overlaps, worker_of, credit_of, grouped, request)
+    {
+        return list;
     }
     let mut overlap_of = by_worker(overlaps, worker_of);
     everyone(order, |worker| {
@@ -741,14 +666,14 @@ impl Router {
         if self.medium_weights.is_empty() {
             let overlaps = self.index.overlaps(request.keys);
             let credit = |&(_, blocks): &(WorkerId, usize)| (blocks, 0.0);
-            return offered(&order, &overlaps, |o| o.0, credit, offer, request);
+            return offered(&order, &overlaps, |o| o.0, credit, true, offer, request);
         }
         let weights: Vec<(&str, f64)> = (self.medium_weights.iter())
             .map(|(name, weight)| (name.as_str(), *weight))
             .collect();
         let overlaps = self.index.tiered_overlaps(&weights, request.keys);
         let credit = |&(_, blocks, credit): &(WorkerId, usize, f64)| (blocks, credit);
-        offered(&order, &overlaps, |o| o.0, credit, offer, request)
+        offered(&order, &overlaps, |o| o.0, credit, false, offer, request)
     }
 
     /// Where `policy` sends `request`; `None` with no workers. The policy

@@ -45,6 +45,10 @@ impl LoadCell {
     }
 
     /// The last load recorded, whole (never fields of two reports).
+    /// Inlined: a route reads every worker's, and a load returned through
+    /// memory from a call is read back wider than it was written, a stall
+    /// per worker.
+    #[inline]
     pub(super) fn get(&self) -> WorkerLoad {
         let before = self.sequence.load(Ordering::Acquire);
         let load = self.fields();
@@ -53,7 +57,13 @@ impl LoadCell {
         if before.is_multiple_of(2) && self.sequence.load(Ordering::Relaxed) == before {
             return load;
         }
-        // A report was under way: once it is done, its fields are whole.
+        self.get_after_report()
+    }
+
+    /// [`get`](Self::get) that met a report under way: once it is done,
+    /// its fields are whole.
+    #[cold]
+    fn get_after_report(&self) -> WorkerLoad {
         let _writing = lock(&self.writer);
         self.fields()
     }
@@ -64,6 +74,7 @@ impl LoadCell {
         (self.running_requests).store(load.running_requests, Ordering::Relaxed);
     }
 
+    #[inline]
     fn fields(&self) -> WorkerLoad {
         WorkerLoad {
             active_blocks: self.active_blocks.load(Ordering::Relaxed),

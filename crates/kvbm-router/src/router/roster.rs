@@ -49,6 +49,11 @@ impl Roster {
         self.find(worker).ok().and_then(|at| self.loads.get(at))
     }
 
+    /// Every live worker with its load cell, ascending.
+    pub(super) fn cells(&self) -> impl Iterator<Item = (WorkerId, &LoadCell)> + '_ {
+        self.ids.iter().copied().zip(&self.loads)
+    }
+
     /// Every live worker with its load, ascending.
     pub(super) fn loads(&self) -> impl Iterator<Item = (WorkerId, WorkerLoad)> + '_ {
         (self.ids.iter().copied()).zip(self.loads.iter().map(LoadCell::get))

@@ -1,4 +1,4 @@
-//! Routes offered a shortlist ([`Offer::HoldersAndLeastWork`]) choose what
+//! Routes offered a shortlist ([`Offer::LeastWorkAtEachDepth`]) choose what
 //! the same policy chooses among every worker, draw for draw, and the
 //! shortlist is short.
 
@@ -211,29 +211,33 @@ proptest! {
     }
 }
 
-/// Among 1,000 workers, one holding the request and the others idle but
-/// for different amounts of work, kv-aware is offered the holder and the
-/// one least-loaded idle worker, and chooses as it would among everyone.
+/// Among 1,000 workers with loads of their own, 600 holding the whole
+/// request, one half of it and the rest nothing: kv-aware is offered the
+/// least-loaded worker of each of the three, and chooses as it would among
+/// everyone.
 #[test]
 fn a_route_among_many_workers_offers_few() {
     let router = Router::new();
     for w in 0..1_000u64 {
         router.add_worker(w).expect("fresh");
-        let load = WorkerLoad::new(1 + (w * 7919) % 1_000, 0, 1);
+        // 7,919 is prime to 1,000: every worker's load differs.
+        let load = WorkerLoad::new(1 + (w * 7_919) % 1_000, 0, 1);
         router.set_load(w, load).expect("live");
     }
-    router
-        .apply(517, &stored_on((1..=8).map(|i| key(0, i)), None))
-        .expect("live");
     let keys: Vec<u128> = (1..=8).map(|i| u128::from(key(0, i))).collect();
+    for w in 0..600 {
+        let whole = stored_on((1..=8).map(|i| key(0, i)), None);
+        router.apply(w, &whole).expect("live");
+    }
+    let half = stored_on((1..=4).map(|i| key(0, i)), None);
+    router.apply(700, &half).expect("live");
     let request = RouteRequest::new(&keys, 8 * 16, 16);
     let mut recording = Recording(KvAware::new(3), Vec::new());
     let decision = router.route(&request, &mut recording);
-    assert_eq!(
-        recording.counts(),
-        [2],
-        "the holder and the least-loaded idle worker"
-    );
+    assert_eq!(recording.counts(), [3], "one worker of each depth");
+    let depths: Vec<usize> = recording.1[0].iter().map(|c| c.overlap_blocks).collect();
+    assert_eq!(depths.iter().filter(|&&d| d == 8).count(), 1);
+    assert!(depths.contains(&4) && depths.contains(&0), "{depths:?}");
     assert_eq!(
         decision,
         router.route(&request, &mut Everyone(KvAware::new(3)))
