@@ -180,11 +180,13 @@ fn map_of(key: u128) -> usize {
 }
 
 /// Keys an update groups by lock at a time: each lock it needs is taken
-/// once per round, in lock order.
+/// once per round, in lock order. At most 64: a round keeps a bit per key
+/// in a `u64` per lock.
 const ROUND: usize = 64;
+const _: () = assert!(ROUND <= 64);
 
 /// Keys below which an update takes a lock per key instead: grouping a
-/// few (zeroing a round's buffer and sorting it) costs more than the
+/// few (filling a round's buffer and its masks) costs more than the
 /// locks it would save. (2 in the loom models, whose events of two keys
 /// then take the grouped path.)
 #[cfg(not(kvbm_loom))]
@@ -272,39 +274,31 @@ impl Shards {
         .count()
     }
 
-    /// One round of [`each`](Self::each), at most [`ROUND`] `keys`: their
-    /// positions sorted by lock (a counting sort, stable), then each
-    /// lock's run under one write lock.
+    /// One round of [`each`](Self::each), at most [`ROUND`] `keys`: a
+    /// bit per key in its lock's mask, then each lock's keys, in their
+    /// order, under one write lock. (A mask per lock costs a few
+    /// instructions a key, where sorting the keys by lock cost enough to
+    /// lose what the locks saved on keys many workers hold.)
     fn round(&self, keys: &[u128], op: &mut impl FnMut(&mut Maps, u128) -> bool) -> usize {
         let keys = &keys[..keys.len().min(ROUND)];
         // Each key's map, 0..256; its lock is the top bits.
         let mut map = [0u8; ROUND];
-        // Run `l` (lock `l`'s keys) is `starts[l]..starts[l + 1]`.
-        let mut starts = [0u8; LOCKS + 1];
-        for (at, &key) in map.iter_mut().zip(keys) {
-            let of = map_of(key);
-            *at = of as u8;
-            starts[(of >> MAP_BITS) + 1] += 1;
-        }
-        for l in 0..LOCKS {
-            starts[l + 1] += starts[l];
-        }
-        let mut order = [0u8; ROUND];
-        let mut next = starts;
-        for (at, &of) in map[..keys.len()].iter().enumerate() {
-            let run = &mut next[usize::from(of) >> MAP_BITS];
-            order[usize::from(*run)] = at as u8;
-            *run += 1;
+        let mut masks = [0u64; LOCKS];
+        for (at, (of, &key)) in map.iter_mut().zip(keys).enumerate() {
+            let index = map_of(key);
+            *of = index as u8;
+            masks[index >> MAP_BITS] |= 1 << at;
         }
         let mut done = 0usize;
-        for (l, shard) in self.0.iter().enumerate() {
-            let run = &order[usize::from(starts[l])..usize::from(starts[l + 1])];
-            if run.is_empty() {
+        for (shard, &mask) in self.0.iter().zip(&masks) {
+            if mask == 0 {
                 continue;
             }
             let mut stripe = write(&shard.0);
-            for &at in run {
-                let at = usize::from(at);
+            let mut mask = mask;
+            while mask != 0 {
+                let at = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
                 let maps = &mut stripe.0[usize::from(map[at]) & (MAPS - 1)];
                 done += usize::from(op(maps, keys[at]));
             }
