@@ -679,9 +679,10 @@ impl Router {
     /// Where `policy` sends `request`; `None` with no workers. The policy
     /// is offered every live worker or the shortlist it asks for
     /// ([`Policy::offer`]): with [`KvAware`](crate::KvAware)'s defaults
-    /// and [`LeastLoaded`](crate::LeastLoaded), the workers holding a
-    /// prefix of the request and the idle ones with the least work, so a
-    /// route among many workers builds few candidates.
+    /// and [`LeastLoaded`](crate::LeastLoaded), for each number of the
+    /// request's blocks a worker holds (none included), the workers holding
+    /// that many with the least work, so a route among many workers builds
+    /// few candidates.
     pub fn route(&self, request: &RouteRequest<'_>, policy: &mut dyn Policy) -> Option<Decision> {
         let candidates = self.offer(request, policy.offer());
         let chosen = candidates.get(policy.choose(request, &candidates)?)?;
