@@ -6,15 +6,18 @@
 //!
 //! - [`PrefixIndex`]: which workers hold which block keys: per key, the set
 //!   of its holders (a few inline, a sorted list, or a bitset), the keys
-//!   split over 256 independently locked shards, so events applied from
-//!   different threads rarely meet. A request's overlap intersects its
+//!   split over 256 maps under 16 locks, an event's keys grouped by lock,
+//!   so events applied from different threads rarely meet. A request's overlap intersects its
 //!   keys' holder sets in turn and stops when no worker matches: its cost
 //!   follows the request's length and the workers that match it, not the
 //!   size of the fleet.
 //! - [`Policy`]: [`Random`], [`RoundRobin`], [`LeastLoaded`], and
 //!   [`KvAware`] (Dynamo's cost: overlap weight × prefill blocks + decode
 //!   blocks, with an optional softmax temperature). Implement the trait to
-//!   add your own.
+//!   add your own. A policy is offered every live worker, or a shortlist
+//!   it asks for ([`Policy::offer`], [`Offer`]): kv-aware at its defaults
+//!   and least-loaded see only the least-loaded workers at each depth of
+//!   the request, and choose exactly as among everyone.
 //! - Resync: after lost events or an engine restart, `AllBlocksCleared` (or
 //!   [`Router::clear_worker`]) forgets a worker's blocks; workers come and
 //!   go at run time ([`Router::add_worker`], [`Router::remove_worker`]),
