@@ -56,6 +56,6 @@ impl Roster {
 
     /// Every live worker with its load, ascending.
     pub(super) fn loads(&self) -> impl Iterator<Item = (WorkerId, WorkerLoad)> + '_ {
-        (self.ids.iter().copied()).zip(self.loads.iter().map(LoadCell::get))
+        self.cells().map(|(worker, cell)| (worker, cell.get()))
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! [`Offer::LeastWorkAtEachDepth`]: crate::Offer::LeastWorkAtEachDepth
 
-use super::{Roster, WorkerId, WorkerLoad};
+use super::{Roster, WorkerId, WorkerLoad, by_worker};
 use crate::{Candidate, RouteRequest};
 
 /// Least work below which the offer shortlists.
@@ -50,14 +50,12 @@ pub(super) fn shortlist<T>(
     // Sized for everyone (the whole fleet may tie), so never regrown.
     let workers = order.ids().len();
     let (mut list, mut groups) = (Vec::with_capacity(workers), Vec::with_capacity(workers));
-    // `overlaps` is in worker order too: walked beside the workers.
-    let mut overlaps = overlaps.iter().peekable();
+    let mut holding = by_worker(overlaps, worker_of);
     for (worker, cell) in order.cells() {
         // Read here, not through an iterator of loads: the fields then
         // stay in registers instead of a copy through the stack.
         let load = cell.get();
-        while overlaps.next_if(|o| worker_of(o) < worker).is_some() {}
-        let entry = overlaps.next_if(|o| worker_of(o) == worker);
+        let entry = holding(worker);
         let (overlap_blocks, tier_credit) = entry.map_or((0, 0.0), &credit_of);
         // Idle workers at depth 0, holders by depth when `grouped`.
         let group = match least.get_mut(overlap_blocks) {
