@@ -18,10 +18,10 @@
 //! `overlaps/fleet-1024-one` one worker's own chain (one worker matches):
 //! what a lookup costs at fleet size when everyone or no one else matches.
 //! `route-kv-aware/fleet-1024-*` routes those requests, every worker idle
-//! (so every idle worker ties for the least work and is offered to the
-//! policy); `-loaded` after each worker reported a load of its own (so
-//! the policy is offered the holders and the one least-loaded idle
-//! worker).
+//! (so the workers at each depth of the request tie for the least work and
+//! all are offered to the policy); `-loaded` after each worker reported a
+//! load of its own (so the policy is offered the least-loaded worker at
+//! each depth: one or two).
 //! `store+remove/fleet-1024` stores then removes a 64-block chain of new
 //! blocks on one of the 1,024 workers, `store+remove/fleet-1024-shared`
 //! removes then stores again its copy of the shared chain (blocks 1,023
