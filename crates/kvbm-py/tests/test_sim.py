@@ -11,7 +11,7 @@ import pytest
 import kvbm
 
 # Keys that measure this run's wall time, not the replay.
-TIMINGS = {"load_ms", "split_ms", "replay_ms", "wall_ms"}
+TIMINGS = {"load_ms", "split_ms", "replay_ms", "scheduler_ms", "wall_ms"}
 
 
 def without_timings(value):

@@ -65,6 +65,7 @@ mod in_place;
 mod kv;
 mod latency;
 mod report;
+mod scheduler_clock;
 mod step_time;
 mod tier_report;
 mod tokens;
@@ -90,6 +91,7 @@ pub use self::kv::{KvGroupReport, KvReport};
 pub use self::latency::Latency;
 pub(crate) use self::report::latencies;
 pub use self::report::{AdmissionStats, RequestTimeline, ServeOutcome, ServeReport};
+use self::scheduler_clock::SchedulerClock;
 pub use self::step_time::StepTime;
 pub use self::tier_report::{OnboardFigures, TierFigures, TierReport};
 pub(crate) use self::tokens::shared_prompt;
@@ -200,6 +202,7 @@ pub fn replay_with_data_plane(
     scheduler.set_metrics_enabled(config.metrics);
     progress.start("serving", trace.len() as u64);
     let mut sim = ServeSim::new(trace, config, scheduler)?;
+    sim.scheduler_clock = SchedulerClock::running();
     if let Some(spec) = data_plane {
         let block_bytes = config.tiers.block_bytes(block_size)?;
         match &mut sim.transfers {
@@ -323,6 +326,8 @@ pub(crate) struct ServeSim<'a> {
     transfers: Option<EngineTransfers>,
     /// With a model's KV layout: the pool's and the groups' peaks.
     kv: Option<KvPeaks>,
+    /// The time in the scheduler's step loop, when kept.
+    scheduler_clock: SchedulerClock,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -456,6 +461,7 @@ impl<'a> ServeSim<'a> {
             kv: (config.kv)
                 .map(|kv| KvPeaks::new(kv, config.block_size))
                 .transpose()?,
+            scheduler_clock: SchedulerClock::default(),
         })
     }
 
@@ -665,7 +671,7 @@ impl<'a> ServeSim<'a> {
         self.deliver_transfers()?;
         // The plan's lists are reused from step to step.
         let mut plan = self.plan.take().unwrap_or_default();
-        let planned = self.scheduler.step_into(&mut plan);
+        let planned = (self.scheduler_clock).time(|| self.scheduler.step_into(&mut plan));
         if let (Ok(()), Some(kv)) = (&planned, &mut self.kv) {
             // The step's allocations are held; nothing it ends is freed yet.
             kv.observe(&self.scheduler);
@@ -862,7 +868,8 @@ impl<'a> ServeSim<'a> {
                 .push(EngineOutput::speculative(id, drafts, token));
         }
         let decodes = plan.decode.len() as u64;
-        let report = self.scheduler.apply(&self.outputs)?;
+        let outputs = &self.outputs;
+        let report = (self.scheduler_clock).time(|| self.scheduler.apply(outputs))?;
 
         // Verifying drafts costs what prefilling as many tokens does.
         let elapsed = self
@@ -1014,6 +1021,7 @@ impl<'a> ServeSim<'a> {
             sim_duration: Duration::from_nanos(self.now.saturating_sub(first_arrival)),
             busy_time: Duration::from_nanos(counters.busy),
             replay_time: Duration::ZERO,
+            scheduler_time: self.scheduler_clock.total(),
             kv_events: self.events.as_ref().map(|tap| {
                 // The lower tiers' events go out on the same stream.
                 (self.lower_events.iter())

@@ -391,9 +391,16 @@ fn serve_json_has_the_documented_fields_and_honours_every_option() {
         "output_tokens_per_s",
         "sim_duration_s",
         "replay_ms",
+        "scheduler_ms",
     ] {
         assert!(json[field].is_number(), "{field}");
     }
+    // The scheduler's calls are timed within the replay.
+    let (replay, scheduler) = (json["replay_ms"].as_f64(), json["scheduler_ms"].as_f64());
+    assert!(
+        scheduler > Some(0.0) && scheduler <= replay,
+        "{scheduler:?} of {replay:?}"
+    );
     assert_eq!(json["trace"], path.to_str().unwrap());
 }
 

@@ -48,11 +48,11 @@ impl ServeSim<'_> {
         let to_audit = self.audit_every.map_or(u64::MAX, |every| {
             every - self.counters.scheduler_steps % every
         });
-        let ran = self
-            .scheduler
-            .run_decodes_in_place(max_steps.min(to_audit), |id, position| {
+        let ran = (self.scheduler_clock).time(|| {
+            (self.scheduler).run_decodes_in_place(max_steps.min(to_audit), |id, position| {
                 Some(tokens::sampled_token(id.0, position + 1))
-            });
+            })
+        });
         if ran.steps == 0 {
             return Ok(0);
         }

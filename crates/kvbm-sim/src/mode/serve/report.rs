@@ -150,9 +150,10 @@ pub struct ServeReport {
     /// Engine steps (steps that ran something).
     pub steps: u64,
     /// Requests in the plans, summed over steps (a request prefilling or
-    /// decoding in a step counts once): the denominator of the scheduler's
-    /// cost per scheduled request-step (`replay_ms × 1000 /
-    /// scheduled_requests` µs).
+    /// decoding in a step counts once): the denominator of the cost per
+    /// scheduled request-step (`scheduler_ms × 1000 / scheduled_requests`
+    /// µs for the scheduler's calls, `replay_ms` in place of
+    /// `scheduler_ms` for the whole replay).
     pub scheduled_requests: u64,
     /// Tokens prefilled, prompt chunks and recomputation alike.
     pub prefill_tokens: u64,
@@ -185,6 +186,12 @@ pub struct ServeReport {
     pub busy_time: Duration,
     /// Wall time of the replay, building the pool included.
     pub replay_time: Duration,
+    /// Of it, the wall time inside the scheduler's step loop: planning
+    /// steps and applying the engine's outputs, the calls vLLM's
+    /// `schedule()` and `update_from_output()` make (`None` where it was
+    /// not kept). `scheduler_ms × 1000 / scheduled_requests` is the
+    /// scheduler's own cost per scheduled request-step.
+    pub scheduler_time: Option<Duration>,
     /// The cache events published during the replay, when they were
     /// ([`replay_with_events`](super::replay_with_events)).
     pub kv_events: Option<KvEventCounts>,
@@ -337,6 +344,7 @@ impl ServeReport {
             "sim_duration_s": self.sim_duration.as_secs_f64(),
             "utilization": self.utilization(),
             "replay_ms": ms(self.replay_time),
+            "scheduler_ms": self.scheduler_time.map(ms),
             "kv_events": self.kv_events.map(|counts| counts.to_json()),
         })
     }
@@ -487,6 +495,14 @@ impl fmt::Display for ServeReport {
         if let Some(kv) = &self.kv {
             write!(f, "{kv}")?;
         }
-        writeln!(f, "  replay {:.1} ms", ms(self.replay_time))
+        match self.scheduler_time {
+            Some(scheduler) => writeln!(
+                f,
+                "  replay {:.1} ms ({:.1} ms in the scheduler's step loop)",
+                ms(self.replay_time),
+                ms(scheduler)
+            ),
+            None => writeln!(f, "  replay {:.1} ms", ms(self.replay_time)),
+        }
     }
 }

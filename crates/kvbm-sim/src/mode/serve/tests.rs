@@ -379,6 +379,17 @@ fn configuration_errors_are_typed() {
 }
 
 #[test]
+fn a_replay_times_the_scheduler_s_calls_within_itself() {
+    let trace = Trace::conversation_excerpt().unwrap();
+    let report = ServeConfig::new(64, Capacity::Tokens(200_000))
+        .run(&trace)
+        .unwrap();
+    let scheduler = report.scheduler_time.expect("serve mode keeps it");
+    assert!(scheduler > Duration::ZERO);
+    assert!(scheduler <= report.replay_time, "{scheduler:?}");
+}
+
+#[test]
 fn replays_are_deterministic() {
     let trace = Trace::conversation_excerpt().unwrap();
     let mut small = trace.clone();
@@ -386,8 +397,10 @@ fn replays_are_deterministic() {
     let config = ServeConfig::new(64, Capacity::Tokens(200_000));
     let mut first = config.run(&small).unwrap();
     let mut second = config.run(&small).unwrap();
-    first.replay_time = Duration::ZERO;
-    second.replay_time = Duration::ZERO;
+    for report in [&mut first, &mut second] {
+        report.replay_time = Duration::ZERO;
+        report.scheduler_time = None;
+    }
     assert_eq!(first, second);
     assert!(first.preemptions > 0, "the small pool should preempt");
 }

@@ -33,12 +33,13 @@ fn run(config: &ServeConfig, spec: Option<&DataPlaneSpec>) -> ServeReport {
     report
 }
 
-/// The JSON report without the data plane's figures and the wall time.
+/// The JSON report without the data plane's figures and the wall times.
 fn simulated(report: &ServeReport) -> serde_json::Value {
     let mut json = report.to_json();
     let map = json.as_object_mut().unwrap();
     map.remove("data_plane");
     map.remove("replay_ms");
+    map.remove("scheduler_ms");
     json
 }
 

@@ -28,6 +28,7 @@ fn both(trace: &Trace, config: &ServeConfig) -> (ServeReport, ServeReport) {
         };
         let mut report = config.run(trace).unwrap();
         report.replay_time = Duration::ZERO;
+        report.scheduler_time = None;
         report
     };
     (run(false), run(true))
