@@ -4,10 +4,39 @@ use std::collections::HashSet;
 
 use tracing::debug;
 
+use super::running::Running;
 use super::{
     EngineOutput, FinishReason, OutputIndex, PendingStep, RequestId, Scheduler, SchedulerError,
     StepReport,
 };
+
+/// How [`Scheduler::apply`] finds each planned request's output.
+#[derive(Clone, Copy, Debug)]
+enum OutputOrder {
+    /// The plan's order, its prefills (this many) then its decodes: where
+    /// every output was, the order an engine answering the plan list by
+    /// list gives, so no index is built.
+    Plan { prefills: usize },
+    /// Any other order: by id, through the index built for it.
+    ById,
+}
+
+impl OutputOrder {
+    /// `running`'s output, if it has one.
+    #[inline]
+    fn output<'o, M>(
+        self,
+        running: &Running<M>,
+        outputs: &'o [EngineOutput],
+        by_id: &OutputIndex,
+    ) -> Option<&'o EngineOutput> {
+        let at = match self {
+            OutputOrder::Plan { prefills } => running.output_in_plan_order(prefills)?,
+            OutputOrder::ById => *by_id.get(&running.id())?,
+        };
+        outputs.get(at)
+    }
+}
 
 impl<M> Scheduler<M> {
     /// Commits what the engine sampled for the pending plan.
@@ -32,11 +61,14 @@ impl<M> Scheduler<M> {
             return Err(SchedulerError::NoStepPending);
         };
         let mut by_id = std::mem::take(&mut self.output_index);
-        if let Err(error) = self.check_outputs(pending, outputs, &mut by_id) {
-            by_id.clear();
-            self.output_index = by_id;
-            return Err(error);
-        }
+        let order = match self.check_outputs(pending, outputs, &mut by_id) {
+            Ok(order) => order,
+            Err(error) => {
+                by_id.clear();
+                self.output_index = by_id;
+                return Err(error);
+            }
+        };
         let Some(pending) = self.pending.take() else {
             return Err(SchedulerError::NoStepPending);
         };
@@ -53,7 +85,7 @@ impl<M> Scheduler<M> {
         let mut registered = std::mem::take(&mut self.scratch.registered);
         let offloading = self.tiers.as_ref().is_some_and(|tiers| tiers.has_lower());
         for (i, running) in self.running.iter_mut().enumerate() {
-            let Some(output) = by_id.get(&running.id()).and_then(|&at| outputs.get(at)) else {
+            let Some(output) = order.output(running, outputs, &by_id) else {
                 continue;
             };
             if offloading {
@@ -105,29 +137,38 @@ impl<M> Scheduler<M> {
         Ok(report)
     }
 
-    /// Validates `outputs` against the plan without changing anything.
-    pub(super) fn check_outputs(
+    /// Validates `outputs` against the plan without changing anything;
+    /// how to find each request's output (through `by_id`, filled here,
+    /// unless they are in the plan's order).
+    fn check_outputs(
         &self,
         pending: &PendingStep,
         outputs: &[EngineOutput],
         by_id: &mut OutputIndex,
-    ) -> Result<(), SchedulerError> {
+    ) -> Result<OutputOrder, SchedulerError> {
         by_id.clear();
-        by_id.reserve(outputs.len());
-        for (at, output) in outputs.iter().enumerate() {
-            if pending.aborted.contains(&output.id) {
-                continue;
+        let order = if self.in_plan_order(pending, outputs) {
+            OutputOrder::Plan {
+                prefills: pending.prefills,
             }
-            if by_id.insert(output.id, at).is_some() {
-                return Err(SchedulerError::DuplicateOutput { id: output.id });
+        } else {
+            by_id.reserve(outputs.len());
+            for (at, output) in outputs.iter().enumerate() {
+                if pending.aborted.contains(&output.id) {
+                    continue;
+                }
+                if by_id.insert(output.id, at).is_some() {
+                    return Err(SchedulerError::DuplicateOutput { id: output.id });
+                }
             }
-        }
+            OutputOrder::ById
+        };
         let mut expected = 0;
         for running in &self.running {
             let Some(work) = running.work else { continue };
             expected += 1;
             let id = running.id();
-            let Some(output) = by_id.get(&id).and_then(|&at| outputs.get(at)) else {
+            let Some(output) = order.output(running, outputs, by_id) else {
                 return Err(SchedulerError::MissingOutput { id });
             };
             match (work.samples_token(), output.token.is_some()) {
@@ -144,7 +185,7 @@ impl<M> Scheduler<M> {
                 });
             }
         }
-        if by_id.len() != expected {
+        if matches!(order, OutputOrder::ById) && by_id.len() != expected {
             let scheduled: HashSet<RequestId> = self
                 .running
                 .iter()
@@ -156,6 +197,31 @@ impl<M> Scheduler<M> {
                 return Err(SchedulerError::UnexpectedOutput { id });
             }
         }
-        Ok(())
+        Ok(order)
+    }
+
+    /// Whether `outputs` hold exactly one output per planned request, each
+    /// where the plan's order puts it (no request aborted since the plan).
+    /// Then each is a different request's (the running ids are distinct),
+    /// so there is none missing, doubled or stray, and no index is needed.
+    fn in_plan_order(&self, pending: &PendingStep, outputs: &[EngineOutput]) -> bool {
+        if !pending.aborted.is_empty() {
+            return false;
+        }
+        let mut planned = 0usize;
+        for running in &self.running {
+            if running.work.is_none() {
+                continue;
+            }
+            planned += 1;
+            let at = running.output_in_plan_order(pending.prefills);
+            if at
+                .and_then(|at| outputs.get(at))
+                .is_none_or(|output| output.id != running.id())
+            {
+                return false;
+            }
+        }
+        planned == outputs.len()
     }
 }

@@ -133,6 +133,9 @@ struct Parked<M> {
 #[derive(Debug)]
 struct PendingStep {
     step: u64,
+    /// Prefill work items in the plan (its decodes follow them in the
+    /// order the engine usually answers in).
+    prefills: usize,
     aborted: HashSet<RequestId>,
     /// Requests cancelled through a handle and ended while planning: the
     /// step's report lists them.

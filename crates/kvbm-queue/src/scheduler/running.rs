@@ -71,6 +71,9 @@ pub(super) struct Running<M> {
     /// Admission order: later admissions are preempted first.
     pub(super) admission: u64,
     pub(super) work: Option<Work>,
+    /// Where `work` went in the plan: its place in the plan's prefill list
+    /// or decode list (which one, `work` says).
+    planned_at: usize,
     /// Blocks of its table the engine was told about.
     known_blocks: usize,
     /// The engine has no table for it yet (new, or resumed after preemption).
@@ -88,8 +91,20 @@ impl<M> Running<M> {
             seq,
             admission,
             work: None,
+            planned_at: 0,
             known_blocks: 0,
             resumed: true,
+        }
+    }
+
+    /// Where the engine's output for its planned work is among outputs in
+    /// the plan's order, its `prefills` prefills then its decodes (`None`
+    /// with no work planned). The caller checks the id found there: a
+    /// plan changed after the work was listed moves it.
+    pub(super) fn output_in_plan_order(&self, prefills: usize) -> Option<usize> {
+        match self.work? {
+            Work::Prefill { .. } => Some(self.planned_at),
+            Work::Decode | Work::Speculative { .. } => self.planned_at.checked_add(prefills),
         }
     }
 
@@ -176,6 +191,10 @@ impl<M> Running<M> {
     /// allocates none once warm.
     pub(super) fn push_work(&mut self, work: Work, plan: &mut StepPlan) {
         self.work = Some(work);
+        self.planned_at = match work {
+            Work::Prefill { .. } => plan.prefill.len(),
+            Work::Decode | Work::Speculative { .. } => plan.decode.len(),
+        };
         let resumed = self.resumed;
         let known = self.known_blocks;
         // Most steps (decodes within a block) learn no block: their lists

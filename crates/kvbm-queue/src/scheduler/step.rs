@@ -81,6 +81,7 @@ impl<M> Scheduler<M> {
         self.running.reindex();
         self.pending = Some(PendingStep {
             step: plan.step,
+            prefills: plan.prefill.len(),
             aborted: HashSet::new(),
             cancelled,
         });

@@ -310,9 +310,11 @@ enum SchedOp {
     },
     Cancel(u64),
     Abort(u64),
-    /// Plans and applies a step; `stops` picks which outputs stop.
+    /// Plans and applies a step; `stops` picks which outputs stop, `turn`
+    /// how far the outputs are rotated out of the plan's order.
     Step {
         stops: u32,
+        turn: u8,
     },
     /// Plans a step, then offers a corrupted output set (refused, nothing
     /// changes), then the right one.
@@ -347,7 +349,7 @@ fn sched_op() -> impl Strategy<Value = SchedOp> {
         1 => (0u64..12).prop_map(SchedOp::Cancel),
         1 => (0u64..12).prop_map(SchedOp::Abort),
         // Sparse stops (one sampled token in 16), so requests live long enough to grow.
-        12 => any::<u32>().prop_map(|s| SchedOp::Step { stops: s & s >> 5 & s >> 11 & s >> 17 }),
+        12 => (any::<u32>(), any::<u8>()).prop_map(|(s, turn)| SchedOp::Step { stops: s & s >> 5 & s >> 11 & s >> 17, turn }),
         1 => (any::<u8>(), any::<u32>()).prop_map(|(corruption, stops)| SchedOp::StepWithBadOutputs { corruption, stops }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(victim, cancel)| SchedOp::StepAbortingMidway { victim, cancel }),
         1 => Just(SchedOp::OutOfOrder),
@@ -523,10 +525,16 @@ fn apply_sched_op(s: &mut Scheduler<Gpu>, op: SchedOp) -> Result<(), TestCaseErr
                 }
             }
         }
-        SchedOp::Step { stops } => {
+        SchedOp::Step { stops, turn } => {
             let plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
             audited(s)?;
-            s.apply(&engine_outputs(&plan, stops))
+            // In the plan's order, or rotated (any order is accepted; the
+            // plan's needs no index).
+            let mut outputs = engine_outputs(&plan, stops);
+            // Half the steps in the plan's order.
+            let turn = usize::from(turn.saturating_sub(128)) % outputs.len().max(1);
+            outputs.rotate_left(turn);
+            s.apply(&outputs)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
         }
         SchedOp::StepWithBadOutputs { corruption, stops } => {

@@ -80,6 +80,42 @@ pub(crate) fn run_until_preempted(s: &mut Scheduler<Gpu>, id: RequestId) {
 }
 
 #[test]
+fn outputs_in_any_order_apply_as_outputs_in_the_plans_order() {
+    // Prefills, decodes and preemptions in one workload: eight requests
+    // of several lengths sharing prefixes, in a pool too small for all.
+    let setup = || {
+        let s = scheduler(24, SchedulerConfig::default().with_token_budget(40));
+        for id in 0..8u64 {
+            let start = (id % 3) as u32 * 100;
+            let len = 6 + (id as u32 * 5) % 23;
+            s.submit(request(id, start..start + len, 5 + id as u32 % 4))
+                .unwrap();
+        }
+        s
+    };
+    let (mut in_order, mut reversed) = (setup(), setup());
+    let mut preempted = 0;
+    for step in 0.. {
+        assert!(step < 500, "the workload finishes");
+        let plan = in_order.step().unwrap();
+        assert_eq!(reversed.step().unwrap(), plan, "step {step}");
+        preempted += plan.preempted.len();
+        let outputs = outputs(&plan);
+        let mut backwards = outputs.clone();
+        backwards.reverse();
+        let report = in_order.apply(&outputs).unwrap();
+        assert_eq!(reversed.apply(&backwards).unwrap(), report, "step {step}");
+        reversed.audit().unwrap();
+        assert_eq!(reversed.census(), in_order.census(), "step {step}");
+        if in_order.is_idle() {
+            break;
+        }
+    }
+    assert!(preempted > 0, "the workload preempts");
+    assert_eq!(in_order.census().finished, 8);
+}
+
+#[test]
 fn a_prompt_prefills_in_chunks_then_decodes_to_max_tokens() {
     let config = SchedulerConfig::default().with_chunk_size(4);
     let mut s = scheduler(16, config);
