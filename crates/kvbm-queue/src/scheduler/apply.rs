@@ -46,7 +46,9 @@ impl<M> Scheduler<M> {
     /// receive what it stored and evicted as one batch.
     ///
     /// `outputs` holds one entry per planned request, in any order (entries
-    /// for requests aborted since the plan are ignored).
+    /// for requests aborted since the plan are ignored). The plan's own
+    /// order, every `prefill` entry's output then every `decode` entry's,
+    /// is the cheapest: it needs no index by id.
     ///
     /// # Errors
     ///
