@@ -4,10 +4,12 @@
 //! so events of different workers rarely meet, and no update takes a
 //! lock over the whole index.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use super::holders::{Bits, Holders, WorkerSlot};
 use crate::medium::Slot;
@@ -35,7 +37,45 @@ const LOCKS: usize = 1 << LOCK_BITS;
 const MAPS: usize = 1 << MAP_BITS;
 
 /// One medium's keys of one map slot, with their holders.
-type Map = HashMap<u128, Holders, RandomState>;
+type Map = HashTable<(u128, Holders)>;
+
+/// The keys' hasher: seeded at random per index; with a fixed seed in the
+/// loom models, whose every run must take the same locks in the same
+/// order.
+#[cfg(not(kvbm_loom))]
+type KeyHasher = RandomState;
+#[cfg(kvbm_loom)]
+type KeyHasher = foldhash::fast::FixedState;
+
+/// A key's seeded hash, worked out once per key and operation: its top
+/// bits pick the key's lock and its map under that lock, the rest its
+/// bucket and tag in that map. (Before, a fixed mix of the key picked the
+/// map and each map hashed the key again with its own seed.)
+#[derive(Clone, Copy, Debug)]
+pub(super) struct KeyHash(u64);
+
+impl KeyHash {
+    /// `key`'s hash under the index's seed.
+    #[inline]
+    fn of(hasher: &KeyHasher, key: u128) -> Self {
+        Self(hasher.hash_one(key))
+    }
+
+    /// The key's map, of all `LOCKS * MAPS`: its lock is the top bits.
+    #[inline]
+    fn map(self) -> usize {
+        (self.0 >> (64 - LOCK_BITS - MAP_BITS)) as usize
+    }
+
+    /// The hash its map files it under: turned so that the bits that
+    /// picked the map, the same for every key in it, sit where no table
+    /// of fewer than 2^48 buckets reads them (a table takes its buckets
+    /// from the low bits and its tags from the top seven).
+    #[inline]
+    fn in_map(self) -> u64 {
+        self.0.rotate_right(LOCK_BITS + MAP_BITS)
+    }
+}
 
 /// One map slot's keys: the device medium's in place, the lower media's
 /// by slot from 1 (a slot past the end holds none).
@@ -46,10 +86,11 @@ pub(super) struct Maps {
 }
 
 impl Maps {
-    /// The holders of `key` on `medium`.
+    /// The holders of `key`, hashed to `hash`, on `medium`.
     #[inline]
-    pub(super) fn holders(&self, medium: Slot, key: u128) -> Option<&Holders> {
-        self.on(medium)?.get(&key)
+    fn holders(&self, medium: Slot, key: u128, hash: KeyHash) -> Option<&Holders> {
+        let (_, holders) = self.on(medium)?.find(hash.in_map(), |(k, _)| *k == key)?;
+        Some(holders)
     }
 
     #[inline]
@@ -80,13 +121,25 @@ impl Maps {
     }
 
     /// Records `slot` among the holders of `key` on `medium`; whether it
-    /// was new.
+    /// was new. `hasher` rehashes the map's keys if it grows.
     #[inline]
-    fn insert(&mut self, medium: Slot, key: u128, slot: WorkerSlot, live: &Bits) -> bool {
-        match self.on_mut(medium).entry(key) {
-            Entry::Occupied(mut holders) => holders.get_mut().insert(slot, live),
+    fn insert(
+        &mut self,
+        medium: Slot,
+        (key, hash): (u128, KeyHash),
+        slot: WorkerSlot,
+        live: &Bits,
+        hasher: &KeyHasher,
+    ) -> bool {
+        let entry = self.on_mut(medium).entry(
+            hash.in_map(),
+            |(k, _)| *k == key,
+            |(k, _)| KeyHash::of(hasher, *k).in_map(),
+        );
+        match entry {
+            Entry::Occupied(mut entry) => entry.get_mut().1.insert(slot, live),
             Entry::Vacant(vacant) => {
-                vacant.insert(Holders::one(slot));
+                vacant.insert((key, Holders::one(slot)));
                 true
             }
         }
@@ -95,17 +148,17 @@ impl Maps {
     /// Removes `slot` from the holders of `key` on `medium`, and the key
     /// if no one else holds it there; whether it was there.
     #[inline]
-    fn remove(&mut self, medium: Slot, key: u128, slot: WorkerSlot) -> bool {
+    fn remove(&mut self, medium: Slot, (key, hash): (u128, KeyHash), slot: WorkerSlot) -> bool {
         let Some(map) = self.get_mut(medium) else {
             return false;
         };
         // One probe: the entry, removed through itself once empty.
-        let Entry::Occupied(mut holders) = map.entry(key) else {
+        let Ok(mut entry) = map.find_entry(hash.in_map(), |(k, _)| *k == key) else {
             return false;
         };
-        let held = holders.get_mut().remove(slot);
-        if holders.get().is_empty() {
-            holders.remove();
+        let held = entry.get_mut().1.remove(slot);
+        if entry.get().1.is_empty() {
+            entry.remove();
         }
         held
     }
@@ -143,40 +196,34 @@ pub(super) struct MapsRead<'a> {
     stripe: RwLockReadGuard<'a, Stripe>,
     /// The key's maps in the stripe.
     at: usize,
+    /// The key's hash.
+    hash: KeyHash,
 }
 
 impl MapsRead<'_> {
     /// The holders of `key` (the key this was read for) on `medium`.
     #[inline]
     pub(super) fn holders(&self, medium: Slot, key: u128) -> Option<&Holders> {
-        self.stripe.0[self.at].holders(medium, key)
+        self.stripe.0[self.at].holders(medium, key, self.hash)
     }
 }
 
-/// The shards.
+/// The shards, and the seed of every key's hash: per index, so that keys
+/// a peer picks cannot be made to crowd one bucket, or one lock, of an
+/// index it cannot see.
 #[derive(Debug)]
-pub(super) struct Shards(Box<[Shard]>);
+pub(super) struct Shards {
+    shards: Box<[Shard]>,
+    hasher: KeyHasher,
+}
 
 impl Default for Shards {
     fn default() -> Self {
-        Self((0..LOCKS).map(|_| Shard(RwLock::default())).collect())
+        Self {
+            shards: (0..LOCKS).map(|_| Shard(RwLock::default())).collect(),
+            hasher: KeyHasher::default(),
+        }
     }
-}
-
-/// A fixed mix of `key`'s bits: its top bits pick its lock, the next its
-/// map under that lock (the maps inside are keyed with a random seed;
-/// this only spreads the locks and maps).
-#[inline]
-fn mix(key: u128) -> u64 {
-    let folded = (key as u64) ^ ((key >> 64) as u64);
-    (folded ^ folded >> 29).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// `key`'s map, of all `LOCKS * MAPS`: its top bits are its lock, the
-/// rest its place under that lock.
-#[inline]
-fn map_of(key: u128) -> usize {
-    (mix(key) >> (64 - LOCK_BITS - MAP_BITS)) as usize
 }
 
 /// Keys an update groups by lock at a time: each lock it needs is taken
@@ -197,7 +244,13 @@ const GROUPED: usize = 2;
 impl Shards {
     /// The lock over map `map` (of all `LOCKS * MAPS`).
     fn lock(&self, map: usize) -> &RwLock<Stripe> {
-        &self.0[map >> MAP_BITS].0
+        &self.shards[map >> MAP_BITS].0
+    }
+
+    /// `key` with its hash.
+    #[inline]
+    fn hashed(&self, key: u128) -> (u128, KeyHash) {
+        (key, KeyHash::of(&self.hasher, key))
     }
 
     /// Records `slot` among the holders of each of `keys` on `medium`;
@@ -210,7 +263,10 @@ impl Shards {
         slot: WorkerSlot,
         live: &Bits,
     ) -> usize {
-        self.each(keys, |maps, key| maps.insert(medium, key, slot, live))
+        let hasher = &self.hasher;
+        self.each(keys, |maps, key| {
+            maps.insert(medium, key, slot, live, hasher)
+        })
     }
 
     /// Removes `slot` from the holders of each of `keys` on `medium` (a key
@@ -235,7 +291,7 @@ impl Shards {
     fn each(
         &self,
         keys: impl IntoIterator<Item = u128>,
-        mut op: impl FnMut(&mut Maps, u128) -> bool,
+        mut op: impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
         let mut keys = keys.into_iter();
         let mut done = 0usize;
@@ -265,10 +321,11 @@ impl Shards {
     fn one_by_one(
         &self,
         keys: impl Iterator<Item = u128>,
-        op: &mut impl FnMut(&mut Maps, u128) -> bool,
+        op: &mut impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
         keys.filter(|&key| {
-            let map = map_of(key);
+            let key = self.hashed(key);
+            let map = key.1.map();
             op(&mut write(self.lock(map)).0[map & (MAPS - 1)], key)
         })
         .count()
@@ -279,18 +336,21 @@ impl Shards {
     /// order, under one write lock. (A mask per lock costs a few
     /// instructions a key, where sorting the keys by lock cost enough to
     /// lose what the locks saved on keys many workers hold.)
-    fn round(&self, keys: &[u128], op: &mut impl FnMut(&mut Maps, u128) -> bool) -> usize {
+    fn round(
+        &self,
+        keys: &[u128],
+        op: &mut impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
+    ) -> usize {
         let keys = &keys[..keys.len().min(ROUND)];
-        // Each key's map, 0..256; its lock is the top bits.
-        let mut map = [0u8; ROUND];
+        // Each key's hash (its top bits are its map, 0..256, and lock).
+        let mut hashes = [KeyHash(0); ROUND];
         let mut masks = [0u64; LOCKS];
-        for (at, (of, &key)) in map.iter_mut().zip(keys).enumerate() {
-            let index = map_of(key);
-            *of = index as u8;
-            masks[index >> MAP_BITS] |= 1 << at;
+        for (at, (hash, &key)) in hashes.iter_mut().zip(keys).enumerate() {
+            *hash = KeyHash::of(&self.hasher, key);
+            masks[hash.map() >> MAP_BITS] |= 1 << at;
         }
         let mut done = 0usize;
-        for (shard, &mask) in self.0.iter().zip(&masks) {
+        for (shard, &mask) in self.shards.iter().zip(&masks) {
             if mask == 0 {
                 continue;
             }
@@ -299,8 +359,9 @@ impl Shards {
             while mask != 0 {
                 let at = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
-                let maps = &mut stripe.0[usize::from(map[at]) & (MAPS - 1)];
-                done += usize::from(op(maps, keys[at]));
+                let hash = hashes[at];
+                let maps = &mut stripe.0[hash.map() & (MAPS - 1)];
+                done += usize::from(op(maps, (keys[at], hash)));
             }
         }
         done
@@ -309,10 +370,12 @@ impl Shards {
     /// `key`'s maps, read-locked: its holders on every medium.
     #[inline]
     pub(super) fn read(&self, key: u128) -> MapsRead<'_> {
-        let map = map_of(key);
+        let hash = KeyHash::of(&self.hasher, key);
+        let map = hash.map();
         MapsRead {
             stripe: read(self.lock(map)),
             at: map & (MAPS - 1),
+            hash,
         }
     }
 
@@ -321,16 +384,17 @@ impl Shards {
     /// how many bits remain.
     pub(super) fn sweep(&self, dead: &Bits) -> usize {
         let mut kept = 0usize;
-        for shard in self.0.iter() {
+        let hasher = &self.hasher;
+        for shard in self.shards.iter() {
             let mut stripe = write(&shard.0);
             for map in stripe.0.iter_mut().flat_map(Maps::all_mut) {
-                map.retain(|_, holders| {
+                map.retain(|(_, holders)| {
                     holders.remove_all(dead);
                     kept = kept.saturating_add(holders.len());
                     !holders.is_empty()
                 });
                 if map.capacity() > map.len().saturating_mul(4).max(64) {
-                    map.shrink_to_fit();
+                    map.shrink_to_fit(|(k, _)| KeyHash::of(hasher, *k).in_map());
                 }
             }
         }
@@ -342,11 +406,11 @@ impl Shards {
     pub(super) fn distinct(&self, live: &Bits) -> usize {
         let held = |holders: &Holders| holders.iter().any(|slot| live.contains(slot));
         let mut total = 0usize;
-        for shard in self.0.iter() {
+        for shard in self.shards.iter() {
             let stripe = read(&shard.0);
             for maps in &stripe.0 {
                 total = total.saturating_add(if maps.lower.is_empty() {
-                    maps.device.values().filter(|h| held(h)).count()
+                    maps.device.iter().filter(|(_, h)| held(h)).count()
                 } else {
                     let keys: HashSet<u128, RandomState> = (maps.all())
                         .flat_map(|map| map.iter().filter(|(_, h)| held(h)).map(|(k, _)| *k))
