@@ -52,7 +52,7 @@ type KeyHasher = foldhash::fast::FixedState;
 /// bucket and tag in that map. (Before, a fixed mix of the key picked the
 /// map and each map hashed the key again with its own seed.)
 #[derive(Clone, Copy, Debug)]
-pub(super) struct KeyHash(u64);
+struct KeyHash(u64);
 
 impl KeyHash {
     /// `key`'s hash under the index's seed.
