@@ -58,6 +58,12 @@
 //!   nearest-rank percentiles over requests ([`Latency`]).
 //! - **Throughput** divides generated tokens and finished requests by the
 //!   simulated duration, from the first arrival to the end of the last step.
+//! - **Wall time**: [`ServeReport::replay_time`] is the whole replay's,
+//!   building prompts, submitting them and standing in for the engine
+//!   included; [`ServeReport::scheduler_time`] is the part spent inside the
+//!   scheduler's step loop alone (see `scheduler_clock.rs`). Divided by
+//!   [`ServeReport::scheduled_requests`], either is a cost per scheduled
+//!   request-step.
 
 mod config;
 mod draws;
