@@ -95,8 +95,7 @@ fn the_thread_count_does_not_change_the_results() {
         let mut result = sweep(&config(sizes.clone()).with_threads(Some(threads))).unwrap();
         assert_eq!(result.threads, threads);
         for point in &mut result.points {
-            point.report.replay_time = Duration::ZERO;
-            point.report.scheduler_time = None;
+            point.report.clear_wall_times();
         }
         result.points
     };

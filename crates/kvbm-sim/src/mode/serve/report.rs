@@ -209,6 +209,14 @@ pub struct ServeReport {
 }
 
 impl ServeReport {
+    /// Clears the wall times (the replay's and the scheduler's), which no
+    /// two runs share, so that tests can compare the rest.
+    #[cfg(test)]
+    pub(crate) fn clear_wall_times(&mut self) {
+        self.replay_time = Duration::ZERO;
+        self.scheduler_time = None;
+    }
+
     /// Requests that finished, generating all their tokens.
     pub fn finished_requests(&self) -> u64 {
         self.count(ServeOutcome::Finished)

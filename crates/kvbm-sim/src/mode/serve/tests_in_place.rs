@@ -5,7 +5,6 @@
 //! check that the scheduler runs them).
 
 use std::num::NonZeroUsize;
-use std::time::Duration;
 
 use kvbm_queue::{GenerationReserve, Preemption, SchedulerConfig};
 
@@ -27,8 +26,7 @@ fn both(trace: &Trace, config: &ServeConfig) -> (ServeReport, ServeReport) {
             ..*config
         };
         let mut report = config.run(trace).unwrap();
-        report.replay_time = Duration::ZERO;
-        report.scheduler_time = None;
+        report.clear_wall_times();
         report
     };
     (run(false), run(true))
