@@ -257,6 +257,8 @@ pub(crate) struct PoolState {
     events: Option<EventLog>,
     /// [`cache`](Self::cache)'s block ids, kept for its next call.
     scratch: Vec<BlockId>,
+    /// [`evict_into`](Self::evict_into)'s victims' hashes.
+    evicted: Vec<SequenceHash>,
 }
 
 impl PoolState {
@@ -283,6 +285,7 @@ impl PoolState {
             counters: Counters::default(),
             events: None,
             scratch: Vec::new(),
+            evicted: Vec::new(),
         })
     }
 
@@ -344,13 +347,10 @@ impl PoolState {
                 None => break,
             }
         }
-        while ids.len() - start < n {
-            // `available` counted every cached block, so this always finds one.
-            let Some((id, hash)) = self.evict_one() else {
-                break;
-            };
-            on_evicted(hash);
-            ids.push(id);
+        let victims = ids.len();
+        self.evict_into(n - (victims - start), ids);
+        for index in victims..ids.len() {
+            on_evicted(self.evicted[index - victims]);
         }
         if ids.len() - start < n {
             let available = ids.len() - start;
@@ -390,6 +390,49 @@ impl PoolState {
             let hash = slot.hash();
             (hash.value(), hash)
         })
+    }
+
+    /// Evicts up to `n` victims in policy order, appending their ids to `ids`
+    /// and leaving their hashes in `self.evicted`, in the same order.
+    ///
+    /// Each victim costs a few cache misses (its ring word, its slot, its
+    /// registry bucket), each waiting on the one before. Done in phases (the
+    /// policy's picks, then the slots, then the registry's removals), one
+    /// victim's misses overlap the next ones' instead. Lineage-aware
+    /// eviction picks a victim only once the previous one is unlinked from
+    /// its parent, so it goes one victim at a time.
+    fn evict_into(&mut self, n: usize, ids: &mut Vec<BlockId>) {
+        let first = ids.len();
+        self.evicted.clear();
+        if self.inactive.tracks_lineage() {
+            while ids.len() - first < n {
+                let Some((id, hash)) = self.evict_one() else {
+                    break;
+                };
+                ids.push(id);
+                self.evicted.push(hash);
+            }
+            return;
+        }
+        while ids.len() - first < n {
+            let Some(id) = self.inactive.evict() else {
+                break;
+            };
+            ids.push(id);
+        }
+        for &id in &ids[first..] {
+            let slot = &mut self.slots[id.index()];
+            debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
+            self.evicted.push(slot.hash());
+            slot.end_life();
+        }
+        for (&id, hash) in ids[first..].iter().zip(&self.evicted) {
+            self.registry.remove(hash.value(), id);
+            if let Some(events) = &mut self.events {
+                events.removed(hash.value());
+            }
+        }
+        self.counters.evictions += (ids.len() - first) as u64;
     }
 
     /// [`evict_one`](Self::evict_one), reading the victim's key and what
