@@ -79,6 +79,48 @@ impl<M> BlockManager<M> {
             .map(|ids| MutableBlocks::from_ids(self.shared.clone(), ids))
     }
 
+    /// [`allocate_batch`](Self::allocate_batch) onto the end of a run the
+    /// caller keeps: with no pool reference taken when the run is this
+    /// manager's already, allocation adds no per-block cost beyond the
+    /// pool's own.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, MutableBlocks};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).block_size(16).build()?;
+    /// let mut run = MutableBlocks::new();
+    /// manager.allocate_onto(&mut run, 2)?;
+    /// manager.allocate_onto(&mut run, 1)?;
+    /// assert_eq!(run.len(), 3);
+    /// assert!(manager.allocate_onto(&mut run, 2).is_err()); // one left
+    /// assert_eq!(run.len(), 3); // a refused call changes nothing
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate_blocks`](Self::allocate_blocks), and
+    /// [`BlockError::ForeignManager`] if `blocks` holds another manager's
+    /// blocks. Nothing is allocated or evicted then.
+    pub fn allocate_onto(
+        &self,
+        blocks: &mut MutableBlocks<M>,
+        count: usize,
+    ) -> Result<(), BlockError> {
+        let ids = blocks
+            .ids_for(&self.shared)
+            .ok_or(BlockError::ForeignManager)?;
+        {
+            let mut pool = self.shared.lock();
+            let taken = pool.allocate_onto(count, ids);
+            pool.flush_if_full();
+            taken
+        }
+        .inspect_err(|err| debug!(count, %err, "allocation refused"))?;
+        blocks.attach(&self.shared);
+        Ok(())
+    }
+
     /// Registers every block of `blocks` under its hash in `hashes` (in
     /// order, one lock): what staging each block with its hash and
     /// [`register_blocks`](Self::register_blocks) would do, with the same
@@ -391,42 +433,18 @@ impl<M> BlockManager<M> {
             return Err(BlockError::ForeignManager);
         }
         self.check_tokens(count, tokens)?;
-        let block_size = self.shared.block_size;
         let held = infos.len();
         let release = release.min(held.saturating_add(count));
         // Released from what the table held, and from the new blocks
         // (which then are never pushed onto it).
         let from_table = release.min(held);
         let fresh = release - from_table;
-        let mut released = Vec::with_capacity(fresh);
-        infos.reserve(count - fresh);
-        {
-            let mut pool = self.shared.lock();
-            pool.expect_registration(count, tokens.len());
-            let mut chunks = tokens.chunks_exact(block_size);
-            for (i, block) in blocks.iter_mut().enumerate() {
-                let tokens = chunks.next().unwrap_or_default();
-                let info = pool.register(block.block_id(), block.sequence_hash(), tokens);
-                block.lease.disarm();
-                if i < fresh {
-                    released.push(info.block_id());
-                } else {
-                    infos.push(info);
-                }
-            }
-            pool.flush_if_full();
-            // Last first: the new blocks released, then the table's head.
-            for &id in released.iter().rev() {
-                pool.release(id);
-            }
-            for info in infos[..from_table].iter().rev() {
-                pool.release(info.block_id());
-            }
-        }
-        infos.drain(..from_table);
+        let entries = blocks
+            .iter()
+            .map(|block| (block.block_id(), block.sequence_hash()));
+        self.register_releasing(entries, count, tokens, fresh, from_table, infos);
         trace!(count, release, "registered, head released");
-        // Disarmed: dropping them gives nothing back.
-        blocks.clear();
+        disarm_and_clear(blocks);
         table.attach(&self.shared);
         Ok(count)
     }
@@ -495,41 +513,85 @@ impl<M> BlockManager<M> {
             return Err(BlockError::ForeignManager);
         }
         self.check_tokens(count, tokens)?;
-        let block_size = self.shared.block_size;
         let held = infos.len();
-        let mut released = Vec::with_capacity(fresh);
-        infos.reserve(blocks.len());
-        {
-            let mut pool = self.shared.lock();
-            pool.expect_registration(count, tokens.len());
-            let mut chunks = tokens.chunks_exact(block_size);
-            // Registered in place (disarmed, they are dropped below),
-            // walking the queue's two slices rather than draining it.
-            let (front, back) = passing.as_mut_slices();
-            for (block, &hash) in front.iter_mut().chain(back).zip(hashes) {
-                let tokens = chunks.next().unwrap_or_default();
-                released.push(pool.register(block.block_id(), hash, tokens).block_id());
-                block.lease.disarm();
-            }
-            for block in blocks.iter_mut() {
-                let tokens = chunks.next().unwrap_or_default();
-                infos.push(pool.register(block.block_id(), block.sequence_hash(), tokens));
-                block.lease.disarm();
-            }
-            pool.flush_if_full();
-            // Last first: the passing blocks released, then the table's.
-            for &id in released.iter().rev() {
-                pool.release(id);
-            }
-            for info in infos[..held].iter().rev() {
-                pool.release(info.block_id());
-            }
+        // The passing blocks first (walking the queue's two slices rather
+        // than draining it), released at once; then `blocks`.
+        let (front, back) = passing.as_slices();
+        let passed =
+            (front.iter().chain(back).zip(hashes)).map(|(block, &hash)| (block.block_id(), hash));
+        let staged = blocks
+            .iter()
+            .map(|block| (block.block_id(), block.sequence_hash()));
+        self.register_releasing(passed.chain(staged), count, tokens, fresh, held, infos);
+        for mut block in passing.drain(..fresh) {
+            block.lease.disarm();
         }
-        infos.drain(..held);
-        passing.drain(..fresh);
         trace!(count, fresh, held, "registered, passing and held released");
-        // Disarmed: dropping them gives nothing back.
-        blocks.clear();
+        disarm_and_clear(blocks);
+        table.attach(&self.shared);
+        Ok(count)
+    }
+
+    /// Registers the first `hashes.len()` blocks of the run `blocks` under
+    /// `hashes` (in order) straight onto `table`, then releases the first
+    /// `release` blocks of the grown table (last first), under one lock: the
+    /// batch form of [`register_blocks_onto_releasing`](Self::register_blocks_onto_releasing)
+    /// (`release` 0 for [`register_blocks_onto`](Self::register_blocks_onto)),
+    /// with the same registrations, events, releases and their order, for a
+    /// caller that keeps its unregistered blocks in one [`MutableBlocks`]
+    /// rather than a handle (and a pool reference) per block. The registered
+    /// blocks leave the front of `blocks`. Returns how many were registered.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, ImmutableBlocks, MutableBlocks, SequenceHash};
+    /// # struct Gpu;
+    /// let manager = BlockManager::<Gpu>::builder().block_count(4).block_size(2).build()?;
+    /// let mut run = MutableBlocks::new();
+    /// manager.allocate_onto(&mut run, 3)?;
+    /// let hashes = [SequenceHash::root(7), SequenceHash::root(7).child(9)];
+    /// let mut table = ImmutableBlocks::new();
+    /// // Both registered, the first released at once: one joins the table.
+    /// assert_eq!(manager.register_front_onto(&mut table, &mut run, &hashes, &[], 1)?, 2);
+    /// assert_eq!((table.len(), run.len()), (1, 1));
+    /// assert_eq!(manager.match_blocks(&hashes).len(), 2); // both matchable
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`register_blocks_onto`](Self::register_blocks_onto), and
+    /// [`BlockError::InsufficientBlocks`] if `blocks` holds fewer blocks than
+    /// `hashes`. Nothing changes on an error.
+    pub fn register_front_onto(
+        &self,
+        table: &mut ImmutableBlocks<M>,
+        blocks: &mut MutableBlocks<M>,
+        hashes: &[SequenceHash],
+        tokens: &[u32],
+        release: usize,
+    ) -> Result<usize, BlockError> {
+        let count = hashes.len();
+        let Some(ids) = blocks.block_ids().get(..count) else {
+            return Err(BlockError::InsufficientBlocks {
+                requested: count,
+                available: blocks.len(),
+            });
+        };
+        if count > 0 && !blocks.belongs_to(self) {
+            return Err(BlockError::ForeignManager);
+        }
+        let infos = table
+            .refs_for(&self.shared)
+            .ok_or(BlockError::ForeignManager)?;
+        self.check_tokens(count, tokens)?;
+        let held = infos.len();
+        let release = release.min(held.saturating_add(count));
+        let from_table = release.min(held);
+        let fresh = release - from_table;
+        let entries = ids.iter().copied().zip(hashes.iter().copied());
+        self.register_releasing(entries, count, tokens, fresh, from_table, infos);
+        blocks.forget_front(count);
+        trace!(count, release, "registered from a run");
         table.attach(&self.shared);
         Ok(count)
     }
@@ -579,23 +641,72 @@ impl<M> BlockManager<M> {
             return Err(BlockError::ForeignManager);
         }
         self.check_tokens(blocks.len(), tokens)?;
-        let block_size = self.shared.block_size;
-        infos.reserve(blocks.len());
+        let entries = blocks
+            .iter()
+            .map(|block| (block.block_id(), block.sequence_hash()));
+        self.register_releasing(entries, blocks.len(), tokens, 0, 0, infos);
+        trace!(count = blocks.len(), "registered");
+        disarm_and_clear(blocks);
+        Ok(())
+    }
+
+    /// The locked half of every registration onto a table: registers the
+    /// `count` `entries` in order under one lock, with `tokens` (a block's worth
+    /// each, or none) for their `Stored` events. The first `fresh` are
+    /// released at once and never join the table; the others are pushed
+    /// onto `infos`. Then the released ones are released last first, and
+    /// then the table's first `from_table` blocks, last first, which leave
+    /// `infos`.
+    fn register_releasing(
+        &self,
+        entries: impl Iterator<Item = (BlockId, SequenceHash)>,
+        count: usize,
+        tokens: &[u32],
+        fresh: usize,
+        from_table: usize,
+        infos: &mut Vec<BlockInfo>,
+    ) {
+        let mut released = Vec::with_capacity(fresh);
+        infos.reserve(count.saturating_sub(fresh));
         {
             let mut pool = self.shared.lock();
-            pool.expect_registration(blocks.len(), tokens.len());
-            let mut chunks = tokens.chunks_exact(block_size);
-            for block in blocks.iter_mut() {
-                let tokens = chunks.next().unwrap_or_default();
-                infos.push(pool.register(block.block_id(), block.sequence_hash(), tokens));
-                block.lease.disarm();
+            pool.expect_registration(count, tokens.len());
+            let mut chunks = tokens.chunks_exact(self.shared.block_size);
+            // A batch at a time, read into a buffer before any is
+            // registered: the reads are independent of one another and
+            // overlap, where reading each entry just before its
+            // registration (whose registry probe waits on the hash) left
+            // every cache miss on the way in series. That doubled the
+            // registrations' time in the serving replay.
+            let mut entries = entries.enumerate();
+            let mut batch = [(0, BlockId::new(0), SequenceHash::root(0)); REGISTER_BATCH];
+            loop {
+                let mut len = 0;
+                for (slot, (index, (id, hash))) in batch.iter_mut().zip(entries.by_ref()) {
+                    *slot = (index, id, hash);
+                    len += 1;
+                }
+                for &(index, id, hash) in &batch[..len] {
+                    let tokens = chunks.next().unwrap_or_default();
+                    let info = pool.register(id, hash, tokens);
+                    match index < fresh {
+                        true => released.push(info.block_id()),
+                        false => infos.push(info),
+                    }
+                }
+                if len < REGISTER_BATCH {
+                    break;
+                }
             }
             pool.flush_if_full();
+            for &id in released.iter().rev() {
+                pool.release(id);
+            }
+            for info in infos[..from_table].iter().rev() {
+                pool.release(info.block_id());
+            }
         }
-        trace!(count = blocks.len(), "registered");
-        // Disarmed: dropping them gives nothing back.
-        blocks.clear();
-        Ok(())
+        infos.drain(..from_table);
     }
 
     /// Allocates a block for each of `hashes` and registers it under that
@@ -845,6 +956,18 @@ impl<M> BlockManager<M> {
     pub fn same_pool(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
+}
+
+/// Entries [`BlockManager::register_releasing`] reads ahead of registering.
+const REGISTER_BATCH: usize = 32;
+
+/// Empties a staged buffer whose blocks were registered: their leases are
+/// disarmed first, so dropping them gives nothing back.
+fn disarm_and_clear<M>(blocks: &mut Vec<CompleteBlock<M>>) {
+    for block in blocks.iter_mut() {
+        block.lease.disarm();
+    }
+    blocks.clear();
 }
 
 impl<M> Clone for BlockManager<M> {

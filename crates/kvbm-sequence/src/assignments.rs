@@ -1,17 +1,18 @@
 //! [`LogicalBlockAssignments`]: which block handle backs which block of one
 //! sequence, in the three lifecycle states a request's blocks go through.
 
-use std::collections::VecDeque;
 use std::fmt;
 
-use kvbm_blocks::{BlockId, BlockManager, CompleteBlock, ImmutableBlocks, MutableBlock};
+use kvbm_blocks::{
+    BlockError, BlockId, BlockManager, ImmutableBlocks, MutableBlock, MutableBlocks, SequenceHash,
+};
 
 use crate::{BlockSequence, SequenceError};
 
 /// The block handles of one sequence, in page-table order:
 ///
 /// ```text
-///  skipped        assigned (ImmutableBlocks)  staged (CompleteBlock)   unassigned (MutableBlock)
+///  skipped        assigned (ImmutableBlocks)  staged                   unassigned
 ///  blocks 0 .. k  blocks k .. k+a             k+a .. k+a+s             k+a+s .. (no tokens bound yet)
 ///  released       registered or prefix-matched full, not yet published allocated ahead of tokens
 /// ```
@@ -23,13 +24,17 @@ use crate::{BlockSequence, SequenceError};
 ///
 /// **Invariant** (checked by [`is_consistent_with`](Self::is_consistent_with)):
 /// assigned block `i` holds the sequence's block `k + i` (same
-/// [`SequenceHash`]), staged block `j` holds block `k + a + j`, `k + a + s`
-/// never exceeds the full blocks of the sequence, and no block id appears
-/// twice. Every mutation here keeps it, given the sequence it is checked
+/// [`SequenceHash`]), staged block `j` is bound to block `k + a + j` (it is
+/// registered under that block's hash), `k + a + s` never exceeds the full
+/// blocks of the sequence, and no block id appears twice. Every mutation here keeps it, given the sequence it is checked
 /// against.
 ///
 /// Assigned blocks are kept as one [`ImmutableBlocks`] batch, so matching,
-/// registering and releasing a whole prefix takes the pool lock once.
+/// registering and releasing a whole prefix takes the pool lock once. Staged
+/// and unassigned blocks are one [`MutableBlocks`] run, the staged ones first:
+/// staging a block only counts it (its hash is the sequence's at its
+/// position), and no block holds a pool reference of its own, so allocating
+/// and registering cost no reference count per block.
 /// Dropping the assignments drops every handle: mutable and staged blocks go
 /// back to the free pool, registered ones to the cache.
 ///
@@ -42,7 +47,7 @@ use crate::{BlockSequence, SequenceError};
 /// let seq = BlockSequence::new((0..10).collect(), 4)?; // 2 full blocks + 2 tokens
 /// let mut blocks = LogicalBlockAssignments::new();
 ///
-/// blocks.extend_blocks(manager.allocate_blocks(3)?);
+/// blocks.allocate(&manager, 3)?;
 /// assert_eq!(blocks.stage(&seq, usize::MAX)?, 2); // the tail block stays unassigned
 /// assert_eq!(blocks.register(&manager, &seq)?, 2);
 /// assert_eq!((blocks.assigned_count(), blocks.staged_count(), blocks.unassigned_count()), (2, 0, 1));
@@ -56,10 +61,13 @@ pub struct LogicalBlockAssignments<M> {
     /// Leading blocks released because nothing reads them any more.
     skipped: usize,
     assigned: ImmutableBlocks<M>,
-    staged: Vec<CompleteBlock<M>>,
-    /// Staged from the front (FIFO, in page order); released from the back
-    /// (LIFO, so the latest pre-allocation goes first).
-    unassigned: VecDeque<MutableBlock<M>>,
+    /// The staged blocks, then the unassigned ones, in page order. Staged
+    /// from the front (FIFO); unassigned ones released from the back (LIFO,
+    /// so the latest pre-allocation goes first).
+    pending: MutableBlocks<M>,
+    /// How many of `pending` are staged: bound to the sequence's blocks
+    /// from `assigned_end()` on.
+    staged: usize,
 }
 
 impl<M> LogicalBlockAssignments<M> {
@@ -68,8 +76,8 @@ impl<M> LogicalBlockAssignments<M> {
         Self {
             skipped: 0,
             assigned: ImmutableBlocks::new(),
-            staged: Vec::new(),
-            unassigned: VecDeque::new(),
+            pending: MutableBlocks::new(),
+            staged: 0,
         }
     }
 
@@ -108,7 +116,7 @@ impl<M> LogicalBlockAssignments<M> {
             self.assigned.release_head(released);
             self.skipped += released;
         }
-        if self.assigned.is_empty() && self.staged.is_empty() {
+        if self.assigned.is_empty() && self.staged == 0 {
             self.skipped = self.skipped.max(first_needed);
         }
         released
@@ -116,17 +124,17 @@ impl<M> LogicalBlockAssignments<M> {
 
     /// Full blocks bound to their hash but not yet registered.
     pub fn staged_count(&self) -> usize {
-        self.staged.len()
+        self.staged
     }
 
     /// Allocated blocks not yet bound to a full block.
     pub fn unassigned_count(&self) -> usize {
-        self.unassigned.len()
+        self.pending.len() - self.staged
     }
 
     /// Every block held, in all three states.
     pub fn len(&self) -> usize {
-        self.assigned.len() + self.staged.len() + self.unassigned.len()
+        self.assigned.len() + self.pending.len()
     }
 
     /// Whether no block is held.
@@ -140,22 +148,20 @@ impl<M> LogicalBlockAssignments<M> {
         &self.assigned
     }
 
-    /// The staged blocks, in order.
-    pub fn staged(&self) -> &[CompleteBlock<M>] {
-        &self.staged
+    /// The staged blocks' ids, in order (block `assigned_end() + j` is the
+    /// `j`th).
+    pub fn staged_ids(&self) -> &[BlockId] {
+        &self.pending.block_ids()[..self.staged]
     }
 
-    /// The unassigned blocks, in the order they will be staged.
-    pub fn unassigned(&self) -> impl ExactSizeIterator<Item = &MutableBlock<M>> + '_ {
-        self.unassigned.iter()
+    /// The unassigned blocks' ids, in the order they will be staged.
+    pub fn unassigned_ids(&self) -> &[BlockId] {
+        &self.pending.block_ids()[self.staged..]
     }
 
     /// Every block id in page-table order: assigned, staged, unassigned.
     pub fn block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.assigned
-            .block_ids()
-            .chain(self.staged.iter().map(CompleteBlock::block_id))
-            .chain(self.unassigned.iter().map(MutableBlock::block_id))
+        (self.assigned.block_ids()).chain(self.pending.block_ids().iter().copied())
     }
 
     /// Whether `id` is held in any state (a linear scan).
@@ -163,12 +169,40 @@ impl<M> LogicalBlockAssignments<M> {
         self.block_ids().any(|held| held == id)
     }
 
-    /// Adds freshly allocated blocks to the back of the unassigned queue.
+    /// Allocates `count` blocks from `manager` onto the back of the
+    /// unassigned queue, all or nothing.
     ///
-    /// Mutable blocks are uniquely owned, so they cannot already be here
-    /// (blocks of *another* manager are refused later, when registering).
-    pub fn extend_blocks(&mut self, blocks: impl IntoIterator<Item = MutableBlock<M>>) {
-        self.unassigned.extend(blocks);
+    /// # Errors
+    ///
+    /// As [`BlockManager::allocate_onto`], whose error it returns:
+    /// `ForeignManager` if the staged or unassigned blocks are another
+    /// manager's. Nothing is allocated then.
+    pub fn allocate(&mut self, manager: &BlockManager<M>, count: usize) -> Result<(), BlockError> {
+        manager.allocate_onto(&mut self.pending, count)
+    }
+
+    /// Adds blocks allocated elsewhere to the back of the unassigned queue.
+    ///
+    /// Mutable blocks are uniquely owned, so they cannot already be here.
+    ///
+    /// # Errors
+    ///
+    /// [`SequenceError::Block`] (`ForeignManager`) if they are not all of one
+    /// manager, the one whose blocks are staged or unassigned here (if any):
+    /// the blocks are then dropped (back to their free pools) and nothing
+    /// changes.
+    pub fn extend_blocks(
+        &mut self,
+        blocks: impl IntoIterator<Item = MutableBlock<M>>,
+    ) -> Result<(), SequenceError> {
+        let mut incoming = MutableBlocks::new();
+        for block in blocks {
+            incoming
+                .push(block)
+                .map_err(|rejected| rejected.into_parts().0)?;
+        }
+        self.pending.append(&mut incoming)?;
+        Ok(())
     }
 
     /// Appends prefix-matched blocks to the assigned prefix, after checking
@@ -192,9 +226,9 @@ impl<M> LogicalBlockAssignments<M> {
         if blocks.is_empty() {
             return Ok(0);
         }
-        if !self.staged.is_empty() {
+        if self.staged > 0 {
             return Err(SequenceError::StagedBlocksPending {
-                staged: self.staged.len(),
+                staged: self.staged,
             });
         }
         let start = self.assigned_end();
@@ -240,47 +274,44 @@ impl<M> LogicalBlockAssignments<M> {
     ///
     /// # Errors
     ///
-    /// [`SequenceError::Block`] (`TokenCountMismatch`) if a block's size is
-    /// not the sequence's; that block goes back to the front of the queue and
-    /// the blocks staged before it stay staged.
+    /// [`SequenceError::Block`] (`TokenCountMismatch`) if the blocks' size is
+    /// not the sequence's; nothing is staged then.
     pub fn stage(
         &mut self,
         sequence: &BlockSequence,
         up_to: usize,
     ) -> Result<usize, SequenceError> {
-        self.stage_from(self.assigned_end() + self.staged.len(), sequence, up_to)
+        let start = self.assigned_end() + self.staged;
+        let end = (up_to.min(sequence.num_blocks())).min(start + self.unassigned_count());
+        let count = end.saturating_sub(start);
+        if count == 0 {
+            return Ok(0);
+        }
+        if let Some(expected) = self.pending.block_size()
+            && expected != sequence.block_size()
+        {
+            return Err(SequenceError::Block(BlockError::TokenCountMismatch {
+                expected,
+                actual: sequence.block_size(),
+            }));
+        }
+        self.staged += count;
+        Ok(count)
     }
 
-    /// [`stage`](Self::stage) with the first unassigned block bound to
-    /// block index `start` (`stage` passes the first index with no block).
-    fn stage_from(
-        &mut self,
-        start: usize,
-        sequence: &BlockSequence,
-        up_to: usize,
-    ) -> Result<usize, SequenceError> {
-        let end = up_to
-            .min(sequence.num_blocks())
-            .min(start + self.unassigned.len());
-        let hashes = sequence
-            .sequence_hashes()
-            .get(start..end)
-            .unwrap_or_default();
-        self.staged.reserve(hashes.len());
-        for &hash in hashes {
-            let Some(block) = self.unassigned.pop_front() else {
-                break; // unreachable: `end` is bounded by the unassigned count
-            };
-            match block.stage(hash, sequence.block_size()) {
-                Ok(complete) => self.staged.push(complete),
-                Err(rejected) => {
-                    let (error, block) = rejected.into_parts();
-                    self.unassigned.push_front(block);
-                    return Err(error.into());
-                }
-            }
-        }
-        Ok(hashes.len())
+    /// The staged blocks' hashes: the sequence's at their positions.
+    fn staged_hashes<'s>(
+        &self,
+        sequence: &'s BlockSequence,
+    ) -> Result<&'s [SequenceHash], SequenceError> {
+        let start = self.assigned_end();
+        (sequence.sequence_hashes())
+            .get(start..start + self.staged)
+            .ok_or(SequenceError::MatchedBeyondSequence {
+                position: start,
+                matched: self.staged,
+                full_blocks: sequence.num_blocks(),
+            })
     }
 
     /// Registers every staged block with `manager` (one lock) and appends the
@@ -304,11 +335,12 @@ impl<M> LogicalBlockAssignments<M> {
         manager: &BlockManager<M>,
         sequence: &BlockSequence,
     ) -> Result<usize, SequenceError> {
-        if self.staged.is_empty() {
+        if self.staged == 0 {
             return Ok(0);
         }
         let tokens = self.staged_tokens(manager, sequence)?;
-        let incoming = self.staged.len();
+        let hashes = self.staged_hashes(sequence)?;
+        let incoming = self.staged;
         if self.assigned.len() + incoming > self.assigned.capacity() {
             // Grows once, to every block the sequence has room for (the
             // rest of its prompt and the generation reserved for), rather
@@ -318,10 +350,11 @@ impl<M> LogicalBlockAssignments<M> {
                 .saturating_sub(self.assigned.len());
             self.assigned.reserve(room.max(incoming));
         }
-        // Registered straight onto the table; the staged buffer is kept.
-        // Checked above that the assigned blocks are the manager's (or
-        // none), so an error is the staged blocks', which stay staged.
-        manager.register_blocks_onto(&mut self.assigned, &mut self.staged, &tokens)?;
+        // Registered straight onto the table. Checked above that the
+        // assigned blocks are the manager's (or none), so an error is the
+        // staged blocks', which stay staged.
+        manager.register_front_onto(&mut self.assigned, &mut self.pending, hashes, &tokens, 0)?;
+        self.staged = 0;
         Ok(incoming)
     }
 
@@ -343,7 +376,7 @@ impl<M> LogicalBlockAssignments<M> {
         // prompt and the sequence's own tokens, as a prefill after a
         // preemption may).
         Ok((sequence.tokens())
-            .range(first..first.saturating_add(self.staged.len().saturating_mul(block_size)))
+            .range(first..first.saturating_add(self.staged.saturating_mul(block_size)))
             .unwrap_or_default())
     }
 
@@ -364,21 +397,24 @@ impl<M> LogicalBlockAssignments<M> {
         sequence: &BlockSequence,
         first_needed: usize,
     ) -> Result<(usize, usize), SequenceError> {
-        if self.staged.is_empty() {
+        if self.staged == 0 {
             return Ok((0, self.skip_to(first_needed)));
         }
         let tokens = self.staged_tokens(manager, sequence)?;
-        let incoming = self.staged.len();
+        let hashes = self.staged_hashes(sequence)?;
+        let incoming = self.staged;
         // What `skip_to` would release once the staged blocks are assigned.
         let release = first_needed
             .saturating_sub(self.skipped)
             .min(self.assigned.len() + incoming);
-        manager.register_blocks_onto_releasing(
+        manager.register_front_onto(
             &mut self.assigned,
-            &mut self.staged,
+            &mut self.pending,
+            hashes,
             &tokens,
             release,
         )?;
+        self.staged = 0;
         self.skipped += release;
         if self.assigned.is_empty() {
             self.skipped = self.skipped.max(first_needed);
@@ -387,22 +423,17 @@ impl<M> LogicalBlockAssignments<M> {
     }
 
     /// [`stage`](Self::stage)`(sequence, up_to)` then
-    /// [`register_and_skip_to`](Self::register_and_skip_to)`(manager, sequence, first_needed)`,
-    /// without staging the blocks that would be released at once: those
-    /// go from the unassigned queue straight into the cache
-    /// ([`BlockManager::register_passing_onto`]), in the same order of
-    /// registrations and releases. Returns how many blocks were registered
-    /// and how many released.
+    /// [`register_and_skip_to`](Self::register_and_skip_to)`(manager, sequence, first_needed)`:
+    /// the blocks released at once go from the unassigned queue straight
+    /// into the cache, never joining the table. Returns how many blocks were
+    /// registered and how many released.
     ///
     /// # Errors
     ///
-    /// As `stage` and `register_and_skip_to` when those blocks would not
-    /// be released at once (it is then those two calls). Otherwise nothing
-    /// changes on error: [`SequenceError::ForeignManager`] or
-    /// [`SequenceError::Block`] (`ForeignManager`) if the assigned or the
-    /// unassigned blocks are another manager's, or
+    /// As `stage` and `register_and_skip_to`, and
     /// [`SequenceError::BlockSizeMismatch`] if `manager`'s block size is
-    /// not `sequence`'s.
+    /// not `sequence`'s. Nothing changes on an error: blocks this call
+    /// staged are unstaged.
     pub fn stage_register_and_skip_to(
         &mut self,
         manager: &BlockManager<M>,
@@ -410,81 +441,33 @@ impl<M> LogicalBlockAssignments<M> {
         up_to: usize,
         first_needed: usize,
     ) -> Result<(usize, usize), SequenceError> {
-        let start = self.assigned_end();
-        let end = (up_to.min(sequence.num_blocks())).min(start + self.unassigned.len());
-        let passing = first_needed.min(end).saturating_sub(start);
-        if passing == 0 || !self.staged.is_empty() {
-            self.stage(sequence, up_to)?;
-            return self.register_and_skip_to(manager, sequence, first_needed);
-        }
-        // Everything the registration could refuse, checked first.
-        let block_size = sequence.block_size();
-        if manager.block_size() != block_size {
+        if manager.block_size() != sequence.block_size() {
             return Err(SequenceError::BlockSizeMismatch {
-                sequence: block_size,
+                sequence: sequence.block_size(),
                 manager: manager.block_size(),
             });
         }
-        if !self.assigned.is_empty() && !self.assigned.belongs_to(manager) {
-            return Err(SequenceError::ForeignManager);
-        }
-        if !(self.unassigned.iter().take(end - start)).all(|block| block.belongs_to(manager)) {
-            return Err(SequenceError::Block(
-                kvbm_blocks::BlockError::ForeignManager,
-            ));
-        }
-        let hashes = sequence.sequence_hashes();
-        let (Some(passed), Some(_)) = (hashes.get(start..start + passing), hashes.get(start..end))
-        else {
-            // Unreachable: `end` is bounded by the sequence's blocks.
-            return Err(SequenceError::MatchedBeyondSequence {
-                position: start,
-                matched: end - start,
-                full_blocks: sequence.num_blocks(),
-            });
-        };
-        // The passing blocks leave the queue; the ones after them are
-        // staged as usual.
-        let rest = self.unassigned.split_off(passing);
-        let mut passing_blocks = std::mem::replace(&mut self.unassigned, rest);
-        self.stage_from(start + passing, sequence, up_to)?;
-        let first = start.saturating_mul(block_size);
-        let tokens = (sequence.tokens())
-            .range(first..end.saturating_mul(block_size))
-            .unwrap_or_default();
-        let held = self.assigned.len();
-        match manager.register_passing_onto(
-            &mut self.assigned,
-            &mut passing_blocks,
-            passed,
-            &mut self.staged,
-            &tokens,
-        ) {
-            Ok(registered) => {
-                self.skipped += held + passing;
-                if self.assigned.is_empty() {
-                    self.skipped = self.skipped.max(first_needed);
-                }
-                Ok((registered, held + passing))
-            }
-            Err(error) => {
-                // Unreachable after the checks above; still, nothing moved:
-                // every block goes back to the queue, in order.
-                for block in self.staged.drain(..).rev() {
-                    self.unassigned.push_front(block.reset());
-                }
-                for block in passing_blocks.into_iter().rev() {
-                    self.unassigned.push_front(block);
-                }
-                Err(error.into())
-            }
-        }
+        let staged = self.staged;
+        self.stage(sequence, up_to)?;
+        (self.register_and_skip_to(manager, sequence, first_needed))
+            .inspect_err(|_| self.staged = staged)
     }
 
     /// Removes the most recently added unassigned block (LIFO), for the
     /// caller to drop (back to the free pool) or keep.
     pub fn pop_unassigned(&mut self) -> Option<MutableBlock<M>> {
-        self.unassigned.pop_back()
+        match self.unassigned_count() {
+            0 => None,
+            _ => self.pending.pop(),
+        }
+    }
+
+    /// Frees up to `count` unassigned blocks, most recently added first
+    /// (LIFO), under one lock. Returns how many were freed.
+    pub fn release_unassigned(&mut self, count: usize) -> usize {
+        let released = count.min(self.unassigned_count());
+        self.pending.truncate(self.pending.len() - released);
+        released
     }
 
     /// Shrinks to a sequence of `num_blocks` full blocks: assigned blocks
@@ -495,12 +478,11 @@ impl<M> LogicalBlockAssignments<M> {
     pub fn truncate(&mut self, num_blocks: usize) {
         self.skipped = self.skipped.min(num_blocks);
         let keep_assigned = (num_blocks - self.skipped).min(self.assigned.len());
-        let keep_staged = (num_blocks - keep_assigned).min(self.staged.len());
+        let keep_staged = (num_blocks - self.skipped - keep_assigned).min(self.staged);
         // A released assigned block would leave a hole below the staged
-        // ones, so staged blocks past `keep_staged` all step back.
-        for block in self.staged.drain(keep_staged..).rev() {
-            self.unassigned.push_front(block.reset());
-        }
+        // ones, so staged blocks past `keep_staged` all step back (to the
+        // front of the unassigned queue, in order: where they are).
+        self.staged = keep_staged;
         self.assigned.truncate(keep_assigned);
     }
 
@@ -512,8 +494,8 @@ impl<M> LogicalBlockAssignments<M> {
     /// old manager and refuse the new one's blocks).
     pub fn clear(&mut self) {
         self.skipped = 0;
-        self.unassigned.clear();
-        self.staged.clear();
+        self.pending = MutableBlocks::new();
+        self.staged = 0;
         self.assigned = ImmutableBlocks::new();
     }
 
@@ -527,17 +509,12 @@ impl<M> LogicalBlockAssignments<M> {
         let Some((assigned, rest)) = hashes.split_at_checked(self.assigned.len()) else {
             return false;
         };
-        let Some(staged) = rest.get(..self.staged.len()) else {
+        // Staged blocks are bound to the sequence's blocks by position: they
+        // must exist. Assigned blocks are known by value and position.
+        if rest.len() < self.staged {
             return false;
-        };
-        // Assigned blocks are known by value and position, staged ones by
-        // their whole hash.
-        let bound = self
-            .assigned
-            .iter()
-            .zip(assigned)
-            .all(|(info, &hash)| info.holds(hash))
-            && (self.staged.iter().map(CompleteBlock::sequence_hash)).eq(staged.iter().copied());
+        }
+        let bound = (self.assigned.iter().zip(assigned)).all(|(info, &hash)| info.holds(hash));
         let mut ids: Vec<BlockId> = self.block_ids().collect();
         ids.sort_unstable();
         ids.dedup();
@@ -556,8 +533,8 @@ impl<M> fmt::Debug for LogicalBlockAssignments<M> {
         f.debug_struct("LogicalBlockAssignments")
             .field("skipped", &self.skipped)
             .field("assigned", &self.assigned.len())
-            .field("staged", &self.staged.len())
-            .field("unassigned", &self.unassigned.len())
+            .field("staged", &self.staged)
+            .field("unassigned", &self.unassigned_count())
             .finish()
     }
 }

@@ -384,14 +384,12 @@ impl<M> RequestSequence<M> {
         if count == 0 {
             return Ok(());
         }
-        let blocks =
-            manager
-                .allocate_blocks(count)
-                .map_err(|source| SequenceError::AllocationFailed {
-                    requested: count,
-                    source,
-                })?;
-        self.assignments.extend_blocks(blocks);
+        (self.assignments)
+            .allocate(manager, count)
+            .map_err(|source| SequenceError::AllocationFailed {
+                requested: count,
+                source,
+            })?;
         self.bind(manager);
         Ok(())
     }
@@ -407,11 +405,7 @@ impl<M> RequestSequence<M> {
     /// Gives back up to `count` unassigned blocks, most recently allocated
     /// first (LIFO), to the free pool. Returns how many were released.
     pub fn release_unassigned(&mut self, count: usize) -> usize {
-        let mut released = 0;
-        while released < count && self.assignments.pop_unassigned().is_some() {
-            released += 1;
-        }
-        released
+        self.assignments.release_unassigned(count)
     }
 
     /// Releases unassigned blocks (LIFO) until at most `keep` remain.

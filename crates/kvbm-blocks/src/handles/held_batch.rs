@@ -3,9 +3,10 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::handles::lease::Lease;
 use crate::pool::Shared;
 use crate::sync::Arc;
-use crate::{BlockId, BlockManager};
+use crate::{BlockError, BlockId, BlockManager, MutableBlock, Rejected};
 
 /// An ordered run of freshly allocated blocks, each owned as by a
 /// [`MutableBlock`](crate::MutableBlock), such as the destinations of a copy
@@ -118,6 +119,95 @@ impl<M> MutableBlocks<M> {
             }
             kept
         });
+    }
+
+    /// The block size of the manager its blocks came from; `None` for a
+    /// run never attached to one.
+    pub fn block_size(&self) -> Option<usize> {
+        self.shared.as_ref().map(|shared| shared.block_size)
+    }
+
+    /// Frees the blocks from index `len` on, last first, under one lock
+    /// (nothing if it holds `len` or fewer).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.ids.len() {
+            return;
+        }
+        if let Some(shared) = &self.shared {
+            let mut pool = shared.lock();
+            for &id in self.ids[len..].iter().rev() {
+                pool.free_held(id);
+            }
+        }
+        self.ids.truncate(len);
+    }
+
+    /// Removes the last block as a handle of its own.
+    pub fn pop(&mut self) -> Option<MutableBlock<M>> {
+        let shared = self.shared.clone()?;
+        let id = self.ids.pop()?;
+        Some(MutableBlock::new(Lease::new(shared, id)))
+    }
+
+    /// Appends a block held by a handle of its own, which it takes over.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::ForeignManager`], with the block back, if the run holds
+    /// blocks of another manager (an empty run takes any manager's).
+    pub fn push(&mut self, block: MutableBlock<M>) -> Result<(), Rejected<MutableBlock<M>>> {
+        let mut block = block;
+        let theirs = block.lease.shared();
+        match &self.shared {
+            Some(own) if Arc::ptr_eq(own, theirs) => {}
+            _ if self.ids.is_empty() => self.shared = Some(theirs.clone()),
+            _ => return Err(Rejected::new(BlockError::ForeignManager, block)),
+        }
+        self.ids.push(block.block_id());
+        block.lease.disarm();
+        Ok(())
+    }
+
+    /// Moves every block of `other` to the end of this run, leaving `other`
+    /// empty.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::ForeignManager`] if both hold blocks, of different
+    /// managers: nothing moves then.
+    pub fn append(&mut self, other: &mut MutableBlocks<M>) -> Result<(), BlockError> {
+        let Some(theirs) = other.shared.clone() else {
+            return Ok(()); // never attached, so empty
+        };
+        if other.ids.is_empty() {
+            return Ok(());
+        }
+        let ids = self.ids_for(&theirs).ok_or(BlockError::ForeignManager)?;
+        ids.append(&mut other.ids);
+        self.attach(&theirs);
+        Ok(())
+    }
+
+    /// The id buffer, for blocks of `shared` to be appended to it: `None`
+    /// if the run holds blocks of another manager. Call
+    /// [`attach`](Self::attach) once they are in.
+    pub(crate) fn ids_for(&mut self, shared: &Arc<Shared>) -> Option<&mut Vec<BlockId>> {
+        let ours = (self.shared.as_ref()).is_some_and(|own| Arc::ptr_eq(own, shared));
+        (ours || self.ids.is_empty()).then_some(&mut self.ids)
+    }
+
+    /// Makes the run `shared`'s, after blocks allocated there were appended
+    /// through [`ids_for`](Self::ids_for).
+    pub(crate) fn attach(&mut self, shared: &Arc<Shared>) {
+        if (self.shared.as_ref()).is_none_or(|own| !Arc::ptr_eq(own, shared)) {
+            self.shared = Some(shared.clone());
+        }
+    }
+
+    /// Gives up ownership of the first `count` blocks (their state has moved
+    /// on: they were registered).
+    pub(crate) fn forget_front(&mut self, count: usize) {
+        self.ids.drain(..count.min(self.ids.len()));
     }
 
     /// Gives up ownership of the blocks (their state has moved on: they

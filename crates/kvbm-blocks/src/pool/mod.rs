@@ -308,6 +308,17 @@ impl PoolState {
         Ok(ids)
     }
 
+    /// [`allocate`](Self::allocate), appending the ids to `ids`; on an error
+    /// `ids` is as it was.
+    pub(crate) fn allocate_onto(
+        &mut self,
+        n: usize,
+        ids: &mut Vec<BlockId>,
+    ) -> Result<(), BlockError> {
+        self.check_room(n)?;
+        self.take_into(n, |_| {}, ids)
+    }
+
     /// Whether `n` blocks can be allocated now: the errors of
     /// [`allocate`](Self::allocate) that change nothing.
     #[inline]
@@ -466,6 +477,7 @@ impl PoolState {
     /// Registers a held block under `hash`, returning the block that now
     /// stands for the hash with one reference taken for the caller.
     /// `tokens` (the block's, or empty) go into its `Stored` event.
+    #[inline(always)]
     pub(crate) fn register(
         &mut self,
         id: BlockId,

@@ -262,6 +262,9 @@ enum ReleasePath {
     /// `register_passing_onto`, the released new blocks never staged (a
     /// case releasing every held block).
     Passing,
+    /// `register_front_onto`, from a run of allocated blocks with one more
+    /// block than it registers.
+    Front,
 }
 
 /// Runs `case` through `path`.
@@ -276,7 +279,7 @@ fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
         release,
     } = case;
     let manager = kvbm_blocks::BlockManager::<Gpu>::builder()
-        .block_count(32)
+        .block_count(96)
         .block_size(crate::BLOCK_SIZE)
         .eviction(eviction)
         .duplicates(duplicates)
@@ -296,14 +299,28 @@ fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
         manager.allocate_blocks(staged).unwrap().into();
     let passing = match path {
         ReleasePath::Passing => release.saturating_sub(held).min(staged),
-        ReleasePath::Unfused | ReleasePath::Releasing => 0,
+        ReleasePath::Unfused | ReleasePath::Releasing | ReleasePath::Front => 0,
     };
     let mut blocks: Vec<_> = (allocated.split_off(passing).into_iter())
         .zip(&hashes[held + passing..])
         .map(|(block, &hash)| block.stage(hash, crate::BLOCK_SIZE).unwrap())
         .collect();
     let tokens: Vec<u32> = (0..(staged * crate::BLOCK_SIZE) as u32).collect();
-    if path == ReleasePath::Passing {
+    if path == ReleasePath::Front {
+        // The same blocks, in one run, and a spare that stays in it.
+        let mut run = kvbm_blocks::MutableBlocks::new();
+        for block in blocks.drain(..).map(kvbm_blocks::CompleteBlock::reset) {
+            run.push(block).unwrap();
+        }
+        manager.allocate_onto(&mut run, 1).unwrap();
+        let spare = run.block_ids()[staged];
+        let staged_hashes = &hashes[held..held + staged];
+        let registered =
+            (manager.register_front_onto(&mut table, &mut run, staged_hashes, &tokens, release))
+                .unwrap();
+        assert_eq!(registered, staged);
+        assert_eq!(run.block_ids(), [spare]);
+    } else if path == ReleasePath::Passing {
         assert!(release >= held, "a passing case releases every held block");
         let passed = &hashes[held..held + passing];
         let registered = manager
@@ -336,7 +353,10 @@ fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
         })
         .collect();
     let outcome_table = ids(&table);
-    let metrics = manager.metrics();
+    let mut metrics = manager.metrics();
+    if path == ReleasePath::Front {
+        metrics.allocations -= 1; // the spare, freed with the run
+    }
     drop((table, pin));
     let evicted = manager
         .allocate_blocks_with_evictions(manager.available_blocks())
@@ -353,8 +373,9 @@ fn register_releasing_case(case: ReleasingCase, path: ReleasePath) -> Outcome {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz::cases()))]
 
-    /// `register_blocks_onto_releasing`, and `register_passing_onto` when
-    /// every held block goes, are `register_blocks_onto` then the table's
+    /// `register_blocks_onto_releasing`, `register_front_onto`, and
+    /// `register_passing_onto` when every held block goes, are
+    /// `register_blocks_onto` then the table's
     /// head released: the same table, counters, events and eviction order
     /// under every policy, with deduplicated, revived and pinned blocks
     /// among the released ones.
@@ -370,14 +391,16 @@ proptest::proptest! {
             kvbm_blocks::DuplicatePolicy::Allow,
         ]),
         held in 0usize..6,
-        staged in 0usize..10,
-        shared in 0usize..12,
+        // Past `register_front_onto`'s read-ahead batch of 32.
+        staged in 0usize..40,
+        shared in 0usize..44,
         pinned in 0usize..6,
-        release in 0usize..18,
+        release in 0usize..48,
     ) {
         let case = ReleasingCase { eviction, duplicates, shared, pinned, held, staged, release };
         let unfused = register_releasing_case(case, ReleasePath::Unfused);
         proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Releasing), &unfused);
+        proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Front), &unfused);
         if release >= held {
             proptest::prop_assert_eq!(&register_releasing_case(case, ReleasePath::Passing), &unfused);
         }

@@ -330,3 +330,128 @@ fn a_split_batch_frees_and_registers_each_part_on_its_own() {
     assert_eq!(registered.block_ids().collect::<Vec<_>>(), ids[..2]);
     assert!(pool.audit().is_ok());
 }
+
+#[test]
+fn allocate_onto_extends_a_run_and_a_refusal_changes_nothing() {
+    let (gpu, other) = (manager(4), manager(4));
+    let mut run = MutableBlocks::new();
+    assert_eq!(run.block_size(), None);
+    gpu.allocate_onto(&mut run, 2).unwrap();
+    gpu.allocate_onto(&mut run, 1).unwrap();
+    assert_eq!((run.len(), run.block_size()), (3, Some(BLOCK_SIZE)));
+    let before = run.block_ids().to_vec();
+    assert_eq!(
+        gpu.allocate_onto(&mut run, 2).unwrap_err(),
+        BlockError::InsufficientBlocks {
+            requested: 2,
+            available: 1
+        }
+    );
+    assert_eq!(
+        other.allocate_onto(&mut run, 1).unwrap_err(),
+        BlockError::ForeignManager
+    );
+    assert_eq!(run.block_ids(), before);
+    assert_eq!((gpu.available_blocks(), other.available_blocks()), (1, 4));
+    assert_eq!(crate::audit(&gpu).held_blocks, 3);
+    drop(run);
+    assert_eq!(gpu.available_blocks(), 4);
+}
+
+#[test]
+fn a_run_trades_blocks_with_single_handles_and_other_runs() {
+    let (gpu, other) = (manager(6), manager(2));
+    let mut run = MutableBlocks::new();
+    // An empty run takes any manager's blocks.
+    for block in gpu.allocate_blocks(3).unwrap() {
+        run.push(block).unwrap();
+    }
+    let ids = run.block_ids().to_vec();
+    let foreign = other.allocate_blocks(1).unwrap().pop().unwrap();
+    let foreign_id = foreign.block_id();
+    let rejected = run.push(foreign).unwrap_err();
+    let (error, foreign) = rejected.into_parts();
+    assert_eq!(
+        (error, foreign.block_id()),
+        (BlockError::ForeignManager, foreign_id)
+    );
+    // Popped last first, as a handle that frees its block when dropped.
+    let last: MutableBlock<Gpu> = run.pop().unwrap();
+    assert_eq!(last.block_id(), ids[2]);
+    drop(last);
+    assert_eq!(gpu.available_blocks(), 4);
+    // Appending moves every block; another manager's run is refused whole.
+    let mut more = gpu.allocate_batch(2).unwrap();
+    let more_ids = more.block_ids().to_vec();
+    run.append(&mut more).unwrap();
+    assert!(more.is_empty());
+    assert_eq!(run.block_ids(), [&ids[..2], &more_ids[..]].concat());
+    let mut theirs = other.allocate_batch(1).unwrap();
+    assert_eq!(
+        run.append(&mut theirs).unwrap_err(),
+        BlockError::ForeignManager
+    );
+    assert_eq!((run.len(), theirs.len()), (4, 1));
+    // Truncating frees the tail.
+    run.truncate(1);
+    assert_eq!(run.block_ids(), &ids[..1]);
+    assert_eq!(gpu.available_blocks(), 5);
+    run.truncate(5);
+    assert_eq!(run.len(), 1);
+    drop((run, foreign, theirs));
+    assert_eq!((gpu.available_blocks(), other.available_blocks()), (6, 2));
+}
+
+#[test]
+fn register_front_onto_refused_changes_nothing() {
+    let (gpu, other) = (manager(8), manager(8));
+    let hashes = chain(1, 3);
+    let mut run = MutableBlocks::new();
+    gpu.allocate_onto(&mut run, 2).unwrap();
+    let before = run.block_ids().to_vec();
+    let mut table = ImmutableBlocks::new();
+    let tokens: Vec<u32> = (0..(2 * BLOCK_SIZE) as u32).collect();
+    // More hashes than blocks.
+    assert_eq!(
+        gpu.register_front_onto(&mut table, &mut run, &hashes, &[], 0)
+            .unwrap_err(),
+        BlockError::InsufficientBlocks {
+            requested: 3,
+            available: 2
+        }
+    );
+    // Tokens for another count of blocks.
+    assert!(matches!(
+        gpu.register_front_onto(&mut table, &mut run, &hashes[..2], &tokens[1..], 0),
+        Err(BlockError::TokenCountMismatch { .. })
+    ));
+    // Another manager's run, or a table of another manager.
+    assert_eq!(
+        other
+            .register_front_onto(&mut table, &mut run, &hashes[..2], &[], 0)
+            .unwrap_err(),
+        BlockError::ForeignManager
+    );
+    let mut foreign = crate::register(&other, &chain(9, 1));
+    assert_eq!(
+        gpu.register_front_onto(&mut foreign, &mut run, &hashes[..2], &[], 0)
+            .unwrap_err(),
+        BlockError::ForeignManager
+    );
+    assert_eq!(
+        (run.block_ids(), table.len(), foreign.len()),
+        (&before[..], 0, 1)
+    );
+    let audit = crate::audit(&gpu);
+    assert_eq!((audit.held_blocks, audit.active_blocks), (2, 0));
+    assert!(gpu.match_blocks(&hashes).is_empty());
+    // Accepted: both registered onto the table, the run emptied.
+    assert_eq!(
+        gpu.register_front_onto(&mut table, &mut run, &hashes[..2], &tokens, 0),
+        Ok(2)
+    );
+    assert_eq!(
+        (run.len(), table.block_ids().collect::<Vec<_>>()),
+        (0, before)
+    );
+}

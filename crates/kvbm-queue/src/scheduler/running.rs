@@ -301,9 +301,9 @@ impl<M> Running<M> {
         if fresh == 0 {
             return;
         }
-        let unassigned = seq.inner().assignments().unassigned();
+        let unassigned = seq.inner().assignments().unassigned_ids();
         let skip = unassigned.len().saturating_sub(fresh);
-        out.extend((unassigned.skip(skip)).map(|block| block.block_id()));
+        out.extend_from_slice(&unassigned[skip..]);
     }
 
     /// Fills `ids` with the staged and unassigned blocks, in table order,
@@ -328,8 +328,8 @@ impl<M> Running<M> {
                 .saturating_add(work.tokens().div_ceil(block_size.max(1)))
                 .saturating_add(2),
         };
-        let staged = assignments.staged().iter().map(|block| block.block_id());
-        let unassigned = assignments.unassigned().map(|block| block.block_id());
+        let staged = assignments.staged_ids().iter();
+        let unassigned = assignments.unassigned_ids().iter();
         ids.extend(staged.chain(unassigned).take(limit));
     }
 

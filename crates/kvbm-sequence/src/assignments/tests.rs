@@ -19,7 +19,8 @@ fn counts(a: &LogicalBlockAssignments<Gpu>) -> (usize, usize, usize) {
 /// Registers every full block of `sequence` in `manager` and returns them.
 fn registered(manager: &BlockManager<Gpu>, sequence: &BlockSequence) -> ImmutableBlocks<Gpu> {
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(manager.allocate_blocks(sequence.num_blocks()).unwrap());
+    a.extend_blocks(manager.allocate_blocks(sequence.num_blocks()).unwrap())
+        .unwrap();
     a.stage(sequence, usize::MAX).unwrap();
     a.register(manager, sequence).unwrap();
     a.assigned().clone()
@@ -42,16 +43,12 @@ fn stage_binds_unassigned_blocks_front_first_to_full_blocks_only() {
     let mut a = LogicalBlockAssignments::new();
     let blocks = m.allocate_blocks(3).unwrap();
     let ids: Vec<BlockId> = blocks.iter().map(|b| b.block_id()).collect();
-    a.extend_blocks(blocks);
-    assert_eq!(
-        a.unassigned().map(|b| b.block_id()).collect::<Vec<_>>(),
-        ids
-    );
+    a.extend_blocks(blocks).unwrap();
+    assert_eq!(a.unassigned_ids(), ids);
 
     assert_eq!(a.stage(&s, usize::MAX).unwrap(), 2);
     assert_eq!(counts(&a), (0, 2, 1));
-    assert_eq!(a.staged()[0].sequence_hash(), s.sequence_hashes()[0]);
-    assert_eq!(a.staged()[1].sequence_hash(), s.sequence_hashes()[1]);
+    assert_eq!(a.staged_ids(), &ids[..2], "the first two, in order");
     assert_eq!(a.block_ids().collect::<Vec<_>>(), ids, "page order kept");
     assert_eq!(a.stage(&s, usize::MAX).unwrap(), 0, "nothing left to stage");
     assert!(a.is_consistent_with(&s));
@@ -62,7 +59,7 @@ fn stage_stops_at_the_limit_and_when_blocks_run_out() {
     let m = manager(8);
     let s = seq(0, 16); // four full blocks
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(3).unwrap());
+    a.extend_blocks(m.allocate_blocks(3).unwrap()).unwrap();
     assert_eq!(a.stage(&s, 1).unwrap(), 1);
     assert_eq!(a.stage(&s, 1).unwrap(), 0, "block 1 is past the limit");
     assert_eq!(
@@ -81,7 +78,7 @@ fn register_publishes_staged_blocks_in_order() {
     let s = seq(0, 8);
     let mut a = LogicalBlockAssignments::new();
     assert_eq!(a.register(&m, &s).unwrap(), 0, "nothing staged");
-    a.extend_blocks(m.allocate_blocks(2).unwrap());
+    a.extend_blocks(m.allocate_blocks(2).unwrap()).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     assert_eq!(a.register(&m, &s).unwrap(), 2);
     assert_eq!(counts(&a), (2, 0, 0));
@@ -102,7 +99,7 @@ fn register_deduplicates_against_the_cache() {
     let s = seq(0, 8);
     let first = registered(&m, &s);
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(2).unwrap());
+    a.extend_blocks(m.allocate_blocks(2).unwrap()).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     a.register(&m, &s).unwrap();
     assert_eq!(
@@ -177,7 +174,7 @@ fn extend_assigned_refuses_while_blocks_are_staged() {
     let s = seq(0, 8);
     let cached = registered(&m, &s);
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(1).unwrap());
+    a.extend_blocks(m.allocate_blocks(1).unwrap()).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     let matched = m.match_blocks(s.sequence_hashes());
     assert_eq!(
@@ -217,7 +214,7 @@ fn stage_with_the_wrong_block_size_hands_the_block_back() {
     let mut a = LogicalBlockAssignments::new();
     let blocks = wide.allocate_blocks(2).unwrap();
     let first = blocks[0].block_id();
-    a.extend_blocks(blocks);
+    a.extend_blocks(blocks).unwrap();
     assert_eq!(
         a.stage(&s, usize::MAX).unwrap_err(),
         SequenceError::Block(BlockError::TokenCountMismatch {
@@ -226,7 +223,7 @@ fn stage_with_the_wrong_block_size_hands_the_block_back() {
         })
     );
     assert_eq!(counts(&a), (0, 0, 2));
-    assert_eq!(a.unassigned().next().map(|b| b.block_id()), Some(first));
+    assert_eq!(a.unassigned_ids().first(), Some(&first));
 }
 
 #[test]
@@ -234,7 +231,7 @@ fn register_with_another_manager_keeps_the_blocks_staged() {
     let (m1, m2) = (manager(4), manager(4));
     let s = seq(0, 4);
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m1.allocate_blocks(1).unwrap());
+    a.extend_blocks(m1.allocate_blocks(1).unwrap()).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     assert_eq!(
         a.register(&m2, &s).unwrap_err(),
@@ -261,7 +258,7 @@ fn staged_over_a_foreign_prefix(
     let mut a = LogicalBlockAssignments::new();
     a.extend_assigned(m1.match_blocks(&s.sequence_hashes()[..1]), &s)
         .unwrap();
-    a.extend_blocks(m2.allocate_blocks(1).unwrap());
+    a.extend_blocks(m2.allocate_blocks(1).unwrap()).unwrap();
     a.stage(&s, usize::MAX).unwrap();
     (m1, m2, s, a)
 }
@@ -290,7 +287,7 @@ fn pop_unassigned_is_lifo() {
     let mut a = LogicalBlockAssignments::new();
     let blocks = m.allocate_blocks(3).unwrap();
     let ids: Vec<BlockId> = blocks.iter().map(|b| b.block_id()).collect();
-    a.extend_blocks(blocks);
+    a.extend_blocks(blocks).unwrap();
     assert_eq!(a.pop_unassigned().map(|b| b.block_id()), Some(ids[2]));
     assert_eq!(a.pop_unassigned().map(|b| b.block_id()), Some(ids[1]));
     assert_eq!(a.unassigned_count(), 1);
@@ -298,11 +295,32 @@ fn pop_unassigned_is_lifo() {
 }
 
 #[test]
+fn truncate_below_a_skipped_prefix_counts_the_skipped_blocks() {
+    let m = manager(8);
+    let s = seq(0, (6 * BS) as u32);
+    let mut a = LogicalBlockAssignments::new();
+    a.allocate(&m, 3).unwrap();
+    a.stage(&s, 3).unwrap();
+    a.register(&m, &s).unwrap();
+    a.skip_to(2); // a window moved past blocks 0 and 1
+    a.allocate(&m, 2).unwrap();
+    a.stage(&s, usize::MAX).unwrap();
+    assert_eq!((a.skipped_count(), counts(&a)), (2, (1, 2, 0)));
+    // Four blocks left: skipped 0-1, assigned 2, staged 3; block 4's
+    // staged block steps back (it once stayed staged past the end).
+    a.truncate(4);
+    assert_eq!((a.skipped_count(), counts(&a)), (2, (1, 1, 1)));
+    let mut short = s.clone();
+    short.truncate(4 * BS).unwrap();
+    assert!(a.is_consistent_with(&short));
+}
+
+#[test]
 fn truncate_releases_assigned_and_resets_staged_blocks_in_order() {
     let m = manager(8);
     let s = seq(0, 20); // five full blocks
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(6).unwrap());
+    a.extend_blocks(m.allocate_blocks(6).unwrap()).unwrap();
     a.stage(&s, 3).unwrap();
     a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
@@ -336,7 +354,7 @@ fn clear_gives_everything_back() {
     let m = manager(8);
     let s = seq(0, 12);
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(5).unwrap());
+    a.extend_blocks(m.allocate_blocks(5).unwrap()).unwrap();
     a.stage(&s, 2).unwrap();
     a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
@@ -353,7 +371,7 @@ fn contains_and_block_ids_span_all_three_lists() {
     let m = manager(8);
     let s = seq(0, 8);
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(3).unwrap());
+    a.extend_blocks(m.allocate_blocks(3).unwrap()).unwrap();
     a.stage(&s, 1).unwrap();
     a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
@@ -369,8 +387,11 @@ fn consistency_fails_against_another_sequence() {
     let m = manager(8);
     let s = seq(0, 8);
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(2).unwrap());
+    a.extend_blocks(m.allocate_blocks(2).unwrap()).unwrap();
+    a.stage(&s, 1).unwrap();
+    a.register(&m, &s).unwrap();
     a.stage(&s, usize::MAX).unwrap();
+    assert_eq!(counts(&a), (1, 1, 0));
     assert!(a.is_consistent_with(&s));
     assert!(!a.is_consistent_with(&seq(1, 8)), "other tokens");
     assert!(!a.is_consistent_with(&seq(0, 7)), "fewer full blocks");
@@ -414,11 +435,13 @@ fn register_skip_case(
     let prefix = BlockSequence::new(s.tokens().to_vec()[..cached * BS].to_vec(), BS).unwrap();
     drop(registered(&m, &prefix));
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m.allocate_blocks(skipped + held).unwrap());
+    a.extend_blocks(m.allocate_blocks(skipped + held).unwrap())
+        .unwrap();
     a.stage(&s, usize::MAX).unwrap();
     a.register(&m, &s).unwrap();
     a.skip_to(skipped);
-    a.extend_blocks(m.allocate_blocks(staged + 1).unwrap());
+    a.extend_blocks(m.allocate_blocks(staged + 1).unwrap())
+        .unwrap();
     if path != Path::Passing {
         a.stage(&s, usize::MAX).unwrap();
     }
@@ -481,7 +504,7 @@ fn register_and_skip_to_refused_changes_nothing() {
     assert_eq!((counts(&a), a.skipped_count()), ((1, 1, 0), 0));
     // Staged blocks of another manager: refused, still staged.
     let mut b = LogicalBlockAssignments::new();
-    b.extend_blocks(m2.allocate_blocks(1).unwrap());
+    b.extend_blocks(m2.allocate_blocks(1).unwrap()).unwrap();
     b.stage(&s, usize::MAX).unwrap();
     assert_eq!(
         b.register_and_skip_to(&m1, &s, 1).unwrap_err(),
@@ -500,15 +523,15 @@ fn register_and_skip_to_refused_changes_nothing() {
 fn stage_register_and_skip_to_refused_changes_nothing() {
     let (m1, m2) = (manager(8), manager(8));
     let s = seq(0, 14);
-    // Blocks of another manager in the queue: refused, all still queued.
+    // Blocks of another manager never join the queue: refused (and freed).
     let mut a = LogicalBlockAssignments::new();
-    a.extend_blocks(m1.allocate_blocks(1).unwrap());
-    a.extend_blocks(m2.allocate_blocks(2).unwrap());
+    a.extend_blocks(m1.allocate_blocks(1).unwrap()).unwrap();
     assert_eq!(
-        a.stage_register_and_skip_to(&m1, &s, usize::MAX, 2)
-            .unwrap_err(),
+        a.extend_blocks(m2.allocate_blocks(2).unwrap()).unwrap_err(),
         SequenceError::Block(BlockError::ForeignManager)
     );
+    assert_eq!(m2.available_blocks(), 8);
+    a.extend_blocks(m1.allocate_blocks(2).unwrap()).unwrap();
     assert_eq!((counts(&a), a.skipped_count()), ((0, 0, 3), 0));
     // A manager of another block size: refused.
     let other_size = BlockManager::<Gpu>::builder()
@@ -521,13 +544,13 @@ fn stage_register_and_skip_to_refused_changes_nothing() {
         Err(SequenceError::BlockSizeMismatch { .. })
     ));
     assert_eq!((counts(&a), a.skipped_count()), ((0, 0, 3), 0));
-    assert_eq!(m1.audit().unwrap().held_blocks, 1);
+    assert_eq!(m1.audit().unwrap().held_blocks, 3);
     // An assigned prefix of another manager: refused.
     let mut b = LogicalBlockAssignments::new();
-    b.extend_blocks(m2.allocate_blocks(1).unwrap());
+    b.extend_blocks(m2.allocate_blocks(1).unwrap()).unwrap();
     b.stage(&s, usize::MAX).unwrap();
     b.register(&m2, &s).unwrap();
-    b.extend_blocks(m1.allocate_blocks(2).unwrap());
+    b.extend_blocks(m1.allocate_blocks(2).unwrap()).unwrap();
     assert_eq!(
         b.stage_register_and_skip_to(&m1, &s, usize::MAX, 2)
             .unwrap_err(),
@@ -536,7 +559,7 @@ fn stage_register_and_skip_to_refused_changes_nothing() {
     assert_eq!((counts(&b), b.skipped_count()), ((1, 0, 2), 0));
     // Accepted: the first block registered and released at once.
     let mut c = LogicalBlockAssignments::new();
-    c.extend_blocks(m1.allocate_blocks(3).unwrap());
+    c.extend_blocks(m1.allocate_blocks(3).unwrap()).unwrap();
     assert_eq!(
         c.stage_register_and_skip_to(&m1, &s, usize::MAX, 1)
             .unwrap(),

@@ -256,7 +256,9 @@ fn lower_layer_refusals_pass_through() {
     let wide = manager_with_block_size(2, 8);
     let sequence = BlockSequence::new((0..4).collect(), BLOCK_SIZE).unwrap();
     let mut blocks = LogicalBlockAssignments::<Gpu>::new();
-    blocks.extend_blocks(wide.allocate_blocks(1).unwrap());
+    blocks
+        .extend_blocks(wide.allocate_blocks(1).unwrap())
+        .unwrap();
     check(
         "stage",
         blocks.stage(&sequence, usize::MAX).unwrap_err(),
@@ -268,7 +270,15 @@ fn lower_layer_refusals_pass_through() {
     // Staged blocks registered with a manager they do not come from.
     let (first, second) = (manager(2), manager(2));
     let mut blocks = LogicalBlockAssignments::<Gpu>::new();
-    blocks.extend_blocks(first.allocate_blocks(1).unwrap());
+    blocks
+        .extend_blocks(first.allocate_blocks(1).unwrap())
+        .unwrap();
+    check(
+        "extend",
+        blocks.extend_blocks(second.allocate_blocks(1).unwrap()),
+        Err(SequenceError::Block(BlockError::ForeignManager)),
+    );
+    check("refused blocks freed", second.available_blocks(), 2);
     blocks.stage(&sequence, usize::MAX).unwrap();
     check(
         "register",
