@@ -702,9 +702,7 @@ impl<M> BlockManager<M> {
             for &id in released.iter().rev() {
                 pool.release(id);
             }
-            for info in infos[..from_table].iter().rev() {
-                pool.release(info.block_id());
-            }
+            pool.release_rev(&infos[..from_table]);
         }
         infos.drain(..from_table);
     }

@@ -228,9 +228,7 @@ impl<M> ImmutableBlocks<M> {
         }
         if let Some(shared) = &self.shared {
             let mut pool = shared.lock();
-            for info in self.blocks[len..].iter().rev() {
-                pool.release(info.block_id());
-            }
+            pool.release_rev(&self.blocks[len..]);
         }
         self.blocks.truncate(len);
     }
@@ -252,10 +250,7 @@ impl<M> ImmutableBlocks<M> {
             return;
         }
         if let Some(shared) = &self.shared {
-            let mut pool = shared.lock();
-            for info in self.blocks[..count].iter().rev() {
-                pool.release(info.block_id());
-            }
+            shared.lock().release_rev(&self.blocks[..count]);
         }
         self.blocks.drain(..count);
     }
