@@ -71,6 +71,7 @@ mod id;
 mod manager;
 mod metrics;
 mod pool;
+mod read_ahead;
 mod sync;
 
 pub use builder::{BlockManagerBuilder, MAX_BLOCKS};

@@ -7,6 +7,7 @@ use tracing::{debug, trace};
 
 use crate::handles::{ImmutableBlock, ImmutableBlocks, Lease, MutableBlock, MutableBlocks};
 use crate::pool::Shared;
+use crate::read_ahead::ReadAhead;
 use crate::sync::Arc;
 use crate::{
     BlockError, BlockId, BlockInfo, BlockManagerBuilder, CompleteBlock, DuplicatePolicy,
@@ -588,7 +589,7 @@ impl<M> BlockManager<M> {
         let release = release.min(held.saturating_add(count));
         let from_table = release.min(held);
         let fresh = release - from_table;
-        let entries = ids.iter().copied().zip(hashes.iter().copied());
+        let entries = ReadAhead::new(ids.iter().copied().zip(hashes.iter().copied()));
         self.register_releasing(entries, count, tokens, fresh, from_table, infos);
         blocks.forget_front(count);
         trace!(count, release, "registered from a run");
@@ -672,30 +673,12 @@ impl<M> BlockManager<M> {
             let mut pool = self.shared.lock();
             pool.expect_registration(count, tokens.len());
             let mut chunks = tokens.chunks_exact(self.shared.block_size);
-            // A batch at a time, read into a buffer before any is
-            // registered: the reads are independent of one another and
-            // overlap, where reading each entry just before its
-            // registration (whose registry probe waits on the hash) left
-            // every cache miss on the way in series. That doubled the
-            // registrations' time in the serving replay.
-            let mut entries = entries.enumerate();
-            let mut batch = [(0, BlockId::new(0), SequenceHash::root(0)); REGISTER_BATCH];
-            loop {
-                let mut len = 0;
-                for (slot, (index, (id, hash))) in batch.iter_mut().zip(entries.by_ref()) {
-                    *slot = (index, id, hash);
-                    len += 1;
-                }
-                for &(index, id, hash) in &batch[..len] {
-                    let tokens = chunks.next().unwrap_or_default();
-                    let info = pool.register(id, hash, tokens);
-                    match index < fresh {
-                        true => released.push(info.block_id()),
-                        false => infos.push(info),
-                    }
-                }
-                if len < REGISTER_BATCH {
-                    break;
+            for (index, (id, hash)) in entries.enumerate() {
+                let tokens = chunks.next().unwrap_or_default();
+                let info = pool.register(id, hash, tokens);
+                match index < fresh {
+                    true => released.push(info.block_id()),
+                    false => infos.push(info),
                 }
             }
             pool.flush_if_full();
@@ -955,9 +938,6 @@ impl<M> BlockManager<M> {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 }
-
-/// Entries [`BlockManager::register_releasing`] reads ahead of registering.
-const REGISTER_BATCH: usize = 32;
 
 /// Empties a staged buffer whose blocks were registered: their leases are
 /// disarmed first, so dropping them gives nothing back.

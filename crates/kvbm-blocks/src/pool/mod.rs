@@ -748,17 +748,9 @@ impl PoolState {
         self.release_last(id);
     }
 
-    /// [`release`](Self::release) of each of `blocks`, last first. Their
-    /// slots are read once before any is released: a table's slots are
-    /// scattered over the pool, and reading each just before its release
-    /// (whose branch on the count waits for the read) left their misses
-    /// in series.
+    /// [`release`](Self::release) of each of `blocks`, last first.
+    #[inline]
     pub(crate) fn release_rev(&mut self, blocks: &[BlockInfo]) {
-        let mut touched = 0u32;
-        for info in blocks {
-            touched ^= self.slots[info.block_id().index()].refs;
-        }
-        std::hint::black_box(touched);
         for info in blocks.iter().rev() {
             self.release(info.block_id());
         }
