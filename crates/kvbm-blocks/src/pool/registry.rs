@@ -62,8 +62,9 @@ impl Registry {
 
     /// Registers `id` under `value` unless a block is registered under it
     /// already, which it returns instead (one probe for both). Inlined into
-    /// `PoolState::register`, its one caller, which runs once per block.
-    #[inline]
+    /// `PoolState::register`, its one caller, which runs once per block
+    /// (left to the compiler, it stayed a call in the registration loop).
+    #[inline(always)]
     pub(super) fn insert_or_get(
         &mut self,
         value: u128,
