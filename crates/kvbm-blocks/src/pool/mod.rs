@@ -437,6 +437,7 @@ impl PoolState {
             self.evicted.push(slot.hash());
             slot.end_life();
         }
+        // (`InactivePool::on_evicted` has work only for lineage.)
         for (&id, hash) in ids[first..].iter().zip(&self.evicted) {
             self.registry.remove(hash.value(), id);
             if let Some(events) = &mut self.events {
