@@ -1,8 +1,10 @@
 //! `MutableBlocks`: a batch of held blocks behaves exactly as the same
 //! blocks handled one by one (`allocate_blocks`, `stage`, `register_blocks`,
 //! dropping them; `cache_batch` as registering and dropping at once;
-//! `evict_batch` as `evict_blocks`; `retain` as filtering them), and a
-//! refused registration changes nothing.
+//! `evict_batch` as `evict_blocks`; `retain` as filtering them; a kept
+//! run's `allocate_onto`, `register_front_onto`, `truncate`, `pop` and
+//! `append` as the same on a `Vec` of handles), and a refused registration
+//! changes nothing.
 
 use kvbm_blocks::{
     BlockError, BlockManager, DuplicatePolicy, EvictionPolicy, ImmutableBlocks, MutableBlock,
@@ -54,6 +56,17 @@ enum Op {
     /// Match a run of hashes (revives cached blocks, pins them until the
     /// next op).
     Match(Vec<u8>),
+    /// Allocate this many more blocks onto the end of batch `handle`.
+    AllocateOnto { handle: usize, count: usize },
+    /// Register the first blocks of batch `handle` under hashes of these
+    /// values onto a new table (`register_front_onto`).
+    RegisterFront { handle: usize, values: Vec<u8> },
+    /// Free the blocks of batch `handle` from `len` on, last first.
+    Truncate { handle: usize, len: usize },
+    /// Pop the last block of batch `handle` as a handle, and drop it.
+    Pop(usize),
+    /// Move every block of batch `from` onto the end of batch `to`.
+    Append { from: usize, to: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -68,6 +81,13 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..5).prop_map(Op::Evict),
         2 => any::<usize>().prop_map(Op::DropRegistered),
         2 => prop::collection::vec(0u8..6, 1..5).prop_map(Op::Match),
+        2 => (any::<usize>(), 0usize..4)
+            .prop_map(|(handle, count)| Op::AllocateOnto { handle, count }),
+        3 => (any::<usize>(), prop::collection::vec(0u8..6, 0..5))
+            .prop_map(|(handle, values)| Op::RegisterFront { handle, values }),
+        1 => (any::<usize>(), 0usize..6).prop_map(|(handle, len)| Op::Truncate { handle, len }),
+        1 => any::<usize>().prop_map(Op::Pop),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(from, to)| Op::Append { from, to }),
     ]
 }
 
@@ -199,7 +219,104 @@ impl Pair {
                 let b = self.single.match_blocks(&hashes);
                 prop_assert_eq!(&a[..], &b[..]);
             }
+            Op::AllocateOnto { handle, count } => {
+                if self.held_batches.is_empty() {
+                    return Ok(());
+                }
+                let at = handle % self.held_batches.len();
+                let before = self.held_batches[at].block_ids().to_vec();
+                let batch = self
+                    .batched
+                    .allocate_onto(&mut self.held_batches[at], count);
+                let single = self.single.allocate_blocks(count);
+                match (batch, single) {
+                    (Ok(()), Ok(single)) => self.held_singles[at].extend(single),
+                    (Err(a), Err(b)) => {
+                        prop_assert_eq!(a, b);
+                        prop_assert_eq!(self.held_batches[at].block_ids(), &before[..]);
+                    }
+                    (a, b) => prop_assert!(false, "onto {a:?} but single {b:?}"),
+                }
+                self.same_held(at)?;
+            }
+            Op::RegisterFront { handle, values } => {
+                if self.held_batches.is_empty() {
+                    return Ok(());
+                }
+                let at = handle % self.held_batches.len();
+                let hashes = hashes(&values);
+                let mut table = ImmutableBlocks::new();
+                let batch = &mut self.held_batches[at];
+                let result = self
+                    .batched
+                    .register_front_onto(&mut table, batch, &hashes, &[], 0);
+                let single = &mut self.held_singles[at];
+                if hashes.len() > single.len() {
+                    prop_assert_eq!(
+                        result,
+                        Err(BlockError::InsufficientBlocks {
+                            requested: hashes.len(),
+                            available: single.len()
+                        })
+                    );
+                    return self.same_held(at);
+                }
+                prop_assert_eq!(result, Ok(hashes.len()));
+                let staged = (single.drain(..hashes.len()).zip(&hashes))
+                    .map(|(block, &hash)| block.stage(hash, BLOCK_SIZE).unwrap())
+                    .collect();
+                let expected = self.single.register_blocks(staged).unwrap();
+                prop_assert_eq!(&table[..], &expected[..]);
+                self.registered.push((table, expected));
+                self.same_held(at)?;
+            }
+            Op::Truncate { handle, len } => {
+                if self.held_batches.is_empty() {
+                    return Ok(());
+                }
+                let at = handle % self.held_batches.len();
+                self.held_batches[at].truncate(len);
+                // Last first, as the batch frees them.
+                let single = &mut self.held_singles[at];
+                while single.len() > len {
+                    drop(single.pop());
+                }
+                self.same_held(at)?;
+            }
+            Op::Pop(handle) => {
+                if self.held_batches.is_empty() {
+                    return Ok(());
+                }
+                let at = handle % self.held_batches.len();
+                let popped = self.held_batches[at].pop().map(|block| block.block_id());
+                let expected = self.held_singles[at].pop().map(|block| block.block_id());
+                prop_assert_eq!(popped, expected);
+                self.same_held(at)?;
+            }
+            Op::Append { from, to } => {
+                let n = self.held_batches.len();
+                if n < 2 || from % n == to % n {
+                    return Ok(());
+                }
+                let (from, to) = (from % n, to % n);
+                let mut moved = std::mem::take(&mut self.held_batches[from]);
+                self.held_batches[to].append(&mut moved).unwrap();
+                prop_assert!(moved.is_empty());
+                self.held_batches[from] = moved;
+                let single = std::mem::take(&mut self.held_singles[from]);
+                self.held_singles[to].extend(single);
+                self.same_held(to)?;
+            }
         }
+        Ok(())
+    }
+
+    /// Batch `at` holds what its single handles hold, in order.
+    fn same_held(&self, at: usize) -> Result<(), TestCaseError> {
+        let ids: Vec<_> = (self.held_singles[at].iter())
+            .map(MutableBlock::block_id)
+            .collect();
+        prop_assert_eq!(self.held_batches[at].block_ids(), &ids[..]);
         Ok(())
     }
 
@@ -228,9 +345,11 @@ impl Pair {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(crate::fuzz::cases()))]
 
-    /// Any sequence of batch allocations, registrations (some refused),
-    /// splits and drops leaves the pool, its events and every later
-    /// allocation exactly as the same blocks handled one by one would.
+    /// Any sequence of batch allocations (also onto a kept run),
+    /// registrations (some refused; also from a run's front onto a table),
+    /// splits, truncations, pops, appends and drops leaves the pool, its
+    /// events and every later allocation exactly as the same blocks handled
+    /// one by one would.
     #[test]
     fn fuzz_a_batch_is_its_blocks_one_by_one(
         ops in prop::collection::vec(op(), 1..40),
