@@ -434,16 +434,8 @@ impl<M> BlockManager<M> {
             return Err(BlockError::ForeignManager);
         }
         self.check_tokens(count, tokens)?;
-        let held = infos.len();
-        let release = release.min(held.saturating_add(count));
-        // Released from what the table held, and from the new blocks
-        // (which then are never pushed onto it).
-        let from_table = release.min(held);
-        let fresh = release - from_table;
-        let entries = blocks
-            .iter()
-            .map(|block| (block.block_id(), block.sequence_hash()));
-        self.register_releasing(entries, count, tokens, fresh, from_table, infos);
+        let release =
+            self.register_releasing(staged_entries(blocks), count, tokens, release, infos);
         trace!(count, release, "registered, head released");
         disarm_and_clear(blocks);
         table.attach(&self.shared);
@@ -516,14 +508,13 @@ impl<M> BlockManager<M> {
         self.check_tokens(count, tokens)?;
         let held = infos.len();
         // The passing blocks first (walking the queue's two slices rather
-        // than draining it), released at once; then `blocks`.
+        // than draining it), released at once with every block the table
+        // held; then `blocks`.
         let (front, back) = passing.as_slices();
         let passed =
             (front.iter().chain(back).zip(hashes)).map(|(block, &hash)| (block.block_id(), hash));
-        let staged = blocks
-            .iter()
-            .map(|block| (block.block_id(), block.sequence_hash()));
-        self.register_releasing(passed.chain(staged), count, tokens, fresh, held, infos);
+        let entries = passed.chain(staged_entries(blocks));
+        self.register_releasing(entries, count, tokens, held.saturating_add(fresh), infos);
         for mut block in passing.drain(..fresh) {
             block.lease.disarm();
         }
@@ -585,12 +576,8 @@ impl<M> BlockManager<M> {
             .refs_for(&self.shared)
             .ok_or(BlockError::ForeignManager)?;
         self.check_tokens(count, tokens)?;
-        let held = infos.len();
-        let release = release.min(held.saturating_add(count));
-        let from_table = release.min(held);
-        let fresh = release - from_table;
         let entries = ReadAhead::new(ids.iter().copied().zip(hashes.iter().copied()));
-        self.register_releasing(entries, count, tokens, fresh, from_table, infos);
+        let release = self.register_releasing(entries, count, tokens, release, infos);
         blocks.forget_front(count);
         trace!(count, release, "registered from a run");
         table.attach(&self.shared);
@@ -642,31 +629,32 @@ impl<M> BlockManager<M> {
             return Err(BlockError::ForeignManager);
         }
         self.check_tokens(blocks.len(), tokens)?;
-        let entries = blocks
-            .iter()
-            .map(|block| (block.block_id(), block.sequence_hash()));
-        self.register_releasing(entries, blocks.len(), tokens, 0, 0, infos);
+        self.register_releasing(staged_entries(blocks), blocks.len(), tokens, 0, infos);
         trace!(count = blocks.len(), "registered");
         disarm_and_clear(blocks);
         Ok(())
     }
 
-    /// The locked half of every registration onto a table: registers the
-    /// `count` `entries` in order under one lock, with `tokens` (a block's worth
-    /// each, or none) for their `Stored` events. The first `fresh` are
-    /// released at once and never join the table; the others are pushed
-    /// onto `infos`. Then the released ones are released last first, and
-    /// then the table's first `from_table` blocks, last first, which leave
-    /// `infos`.
+    /// The locked half of every registration onto a table (`infos`, its
+    /// blocks): registers the `count` `entries` in order under one lock,
+    /// with `tokens` (a block's worth each, or none) for their `Stored`
+    /// events, then releases the first `release` blocks of the grown table
+    /// (at most all of them), last first, and returns how many that was.
+    /// Released new blocks are released straight after registering and
+    /// never join `infos`.
     fn register_releasing(
         &self,
         entries: impl Iterator<Item = (BlockId, SequenceHash)>,
         count: usize,
         tokens: &[u32],
-        fresh: usize,
-        from_table: usize,
+        release: usize,
         infos: &mut Vec<BlockInfo>,
-    ) {
+    ) -> usize {
+        let held = infos.len();
+        let release = release.min(held.saturating_add(count));
+        // Released from what the table held, and from the new blocks.
+        let from_table = release.min(held);
+        let fresh = release - from_table;
         let mut released = Vec::with_capacity(fresh);
         infos.reserve(count.saturating_sub(fresh));
         {
@@ -688,6 +676,7 @@ impl<M> BlockManager<M> {
             pool.release_rev(&infos[..from_table]);
         }
         infos.drain(..from_table);
+        release
     }
 
     /// Allocates a block for each of `hashes` and registers it under that
@@ -937,6 +926,15 @@ impl<M> BlockManager<M> {
     pub fn same_pool(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
+}
+
+/// Staged blocks as the (block, hash) entries a registration takes.
+fn staged_entries<M>(
+    blocks: &[CompleteBlock<M>],
+) -> impl Iterator<Item = (BlockId, SequenceHash)> + '_ {
+    blocks
+        .iter()
+        .map(|block| (block.block_id(), block.sequence_hash()))
 }
 
 /// Empties a staged buffer whose blocks were registered: their leases are

@@ -157,13 +157,11 @@ impl<M> MutableBlocks<M> {
     /// blocks of another manager (an empty run takes any manager's).
     pub fn push(&mut self, block: MutableBlock<M>) -> Result<(), Rejected<MutableBlock<M>>> {
         let mut block = block;
-        let theirs = block.lease.shared();
-        match &self.shared {
-            Some(own) if Arc::ptr_eq(own, theirs) => {}
-            _ if self.ids.is_empty() => self.shared = Some(theirs.clone()),
-            _ => return Err(Rejected::new(BlockError::ForeignManager, block)),
-        }
-        self.ids.push(block.block_id());
+        let Some(ids) = self.ids_for(block.lease.shared()) else {
+            return Err(Rejected::new(BlockError::ForeignManager, block));
+        };
+        ids.push(block.block_id());
+        self.attach(block.lease.shared());
         block.lease.disarm();
         Ok(())
     }
@@ -176,12 +174,12 @@ impl<M> MutableBlocks<M> {
     /// [`BlockError::ForeignManager`] if both hold blocks, of different
     /// managers: nothing moves then.
     pub fn append(&mut self, other: &mut MutableBlocks<M>) -> Result<(), BlockError> {
-        let Some(theirs) = other.shared.clone() else {
-            return Ok(()); // never attached, so empty
-        };
         if other.ids.is_empty() {
             return Ok(());
         }
+        let Some(theirs) = other.shared.clone() else {
+            return Ok(()); // unreachable: blocks always come with their pool
+        };
         let ids = self.ids_for(&theirs).ok_or(BlockError::ForeignManager)?;
         ids.append(&mut other.ids);
         self.attach(&theirs);

@@ -358,11 +358,8 @@ impl PoolState {
                 None => break,
             }
         }
-        let victims = ids.len();
-        self.evict_into(n - (victims - start), ids);
-        for index in victims..ids.len() {
-            on_evicted(self.evicted[index - victims]);
-        }
+        self.evict_into(n - (ids.len() - start), ids);
+        self.evicted.iter().copied().for_each(&mut on_evicted);
         if ids.len() - start < n {
             let available = ids.len() - start;
             for id in ids.drain(start..) {
@@ -383,15 +380,12 @@ impl PoolState {
     /// unregistered (a `Removed` event) and `Held` with its content, for a
     /// caller that copies it elsewhere before freeing it.
     pub(crate) fn evict_held(&mut self, n: usize) -> Vec<(BlockId, SequenceHash)> {
-        let mut out = Vec::with_capacity(n.min(self.inactive.len()));
-        while out.len() < n {
-            let Some((id, hash)) = self.evict_one() else {
-                break;
-            };
+        let mut ids = Vec::with_capacity(n.min(self.inactive.len()));
+        self.evict_into(n, &mut ids);
+        for &id in &ids {
             self.slots[id.index()].set_state(SlotState::Held);
-            out.push((id, hash));
         }
-        out
+        ids.into_iter().zip(self.evicted.iter().copied()).collect()
     }
 
     /// Evicts the policy's victim: unregisters it and leaves it `Free` but off
@@ -805,11 +799,12 @@ impl PoolState {
             true => self.events.take(),
             false => None,
         };
-        let mut evicted = Vec::with_capacity(self.inactive.len());
-        while let Some((id, hash)) = self.evict_one() {
+        let mut ids = Vec::with_capacity(self.inactive.len());
+        self.evict_into(self.inactive.len(), &mut ids);
+        for id in ids {
             self.free.push(&mut self.slots, id);
-            evicted.push(hash);
         }
+        let evicted = std::mem::take(&mut self.evicted);
         if let Some(mut log) = log {
             log.cleared();
             self.events = Some(log);
