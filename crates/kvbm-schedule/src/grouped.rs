@@ -18,9 +18,10 @@ use crate::{ApplyError, DecodeOutcome, HistoryPolicy, SchedulableSequence, Sched
 /// chunk releases the registered blocks behind it into the cache (see
 /// [`AttentionKind::first_needed_block`](kvbm_sequence::AttentionKind::first_needed_block)),
 /// so a sliding-window group holds about `window / block_size` blocks
-/// however long the request grows. Each group caches its blocks under its
-/// own hashes ([`Salt::for_group`]); a prefix hit counts only as far as
-/// every group can serve it ([`KvCacheGroups::longest_common_hit`]).
+/// however long the request grows. Each group caches its blocks under the
+/// request's chained hashes with its group's tag ([`Salt::for_group`]); a
+/// prefix hit counts only as far as every group can serve it
+/// ([`KvCacheGroups::longest_common_hit`]).
 ///
 /// Every call is all or nothing across the groups: a schedule that cannot
 /// allocate for one group gives back what the others allocated; a refused
@@ -122,9 +123,9 @@ impl<M> GroupedSequence<M> {
         groups: Arc<KvCacheGroups>,
         salt: Salt,
     ) -> Result<Self, ScheduleError> {
-        // Each block's tokens are hashed once for every group (only the
-        // chaining differs per group salt), and every group keeps the room
-        // the caller reserved for the generation.
+        // The prompt is chained once for every group (a group's hashes are
+        // the first's with its tag on), and every group keeps the room the
+        // caller reserved for the generation.
         let salts: Vec<Salt> = (0..groups.len()).map(|g| salt.for_group(g)).collect();
         let sequences =
             RequestSequence::with_salts(prompt, max_output_tokens, groups.block_size(), &salts)?

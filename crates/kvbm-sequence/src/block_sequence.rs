@@ -135,9 +135,11 @@ impl BlockSequence {
     /// under its own salt exactly as [`with_salt`](Self::with_salt) hashes
     /// it, but each block's tokens are hashed once for all of them when the
     /// salts share a hash function (the same key, or none: a block's
-    /// [`Salt::block_hash`] depends on nothing else); only the chaining is
-    /// done per salt. This is how the layer groups of one request, each
-    /// under its own salt ([`Salt::for_group`]), hash one prompt.
+    /// [`Salt::block_hash`] depends on nothing else), and only the chaining
+    /// is done per salt. Salts that differ only by their group tags
+    /// ([`Salt::for_group`] of one salt: the layer groups of one request)
+    /// are chained once, and each other sequence's hashes are the first's
+    /// retagged.
     ///
     /// The sequences share the prompt's full blocks (a prompt given as a
     /// buffer is copied once into a shared prompt first, when there are two
@@ -185,7 +187,9 @@ impl BlockSequence {
         sequences
             .extend((rest.iter()).map(|&salt| Self::unhashed(prompt.clone(), block_size, salt)));
         sequences.insert(0, Self::unhashed(prompt, block_size, first));
-        if rest.iter().all(|salt| first.shares_block_hash(*salt)) {
+        if rest.iter().all(|salt| first.shares_chain(*salt)) {
+            retag_from_first(&mut sequences);
+        } else if rest.iter().all(|salt| first.shares_block_hash(*salt)) {
             chain_blocks_shared(&mut sequences);
         } else {
             for sequence in &mut sequences {
@@ -428,7 +432,40 @@ fn chain_blocks_shared(sequences: &mut [BlockSequence]) {
     }
 }
 
+/// Hashes every (unhashed) sequence of `sequences`, built from one shared
+/// prompt under salts that chain as the first one's up to their tags
+/// (a request's layer groups, [`Salt::for_group`]): the first sequence as
+/// a lone one is hashed, and each other's values are the first's with the
+/// two tags' XOR on, one XOR a block instead of a chain step. The
+/// sequences hold the same tokens when built, so the first's full blocks
+/// are every sequence's.
+fn retag_from_first(sequences: &mut [BlockSequence]) {
+    let Some((lead, rest)) = sequences.split_first_mut() else {
+        return;
+    };
+    lead.hash_new_blocks();
+    for sequence in rest {
+        debug_assert!(sequence.hashes.is_empty());
+        debug_assert_eq!(sequence.total_tokens(), lead.total_tokens());
+        let retag = lead.salt.retag(sequence.salt);
+        sequence.hashes.reserve(lead.hashes.len());
+        let mut previous: Option<SequenceHash> = None;
+        for hash in &lead.hashes {
+            let value = hash.value() ^ retag;
+            let hash = match previous {
+                Some(parent) => parent.child(value),
+                None => SequenceHash::root(value),
+            };
+            sequence.hashes.push(hash);
+            previous = Some(hash);
+        }
+    }
+}
+
 /// The hash of a block holding `tokens` after `previous` (or first, under `salt`).
+/// Always inlined: out of line, each block's call copied the salt through
+/// the stack.
+#[inline(always)]
 fn chain(previous: Option<SequenceHash>, salt: Salt, tokens: &[u32]) -> SequenceHash {
     let content = salt.block_hash(tokens);
     match previous {

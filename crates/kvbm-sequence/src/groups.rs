@@ -266,9 +266,9 @@ pub enum GroupError {
 /// All groups share one block pool (as in vLLM, unlike SGLang's pool per
 /// kind): memory flows to whichever group needs it, with no ratio to tune,
 /// and one eviction order ranks every group's cached blocks. Each group's
-/// blocks are cached under its own hashes ([`Salt::for_group`]), so a full
-/// layer's block and a window layer's block of the same tokens never match
-/// each other. Group 0 keeps the request's own salt, so a single-group model
+/// blocks are cached under the request's chained hashes with a group tag
+/// ([`Salt::for_group`]), so a full layer's block and a window layer's
+/// block of the same tokens never match each other. Group 0 keeps the request's own salt, so a single-group model
 /// hashes, matches and costs exactly what it did before groups existed.
 ///
 /// ```
@@ -469,16 +469,38 @@ impl KvCacheGroups {
 
 impl Salt {
     /// The salt group `group`'s blocks are hashed under: this salt itself
-    /// for group 0 (so a single-group model keeps today's hashes), a value
-    /// derived with this salt's own hash function otherwise (so a keyed
-    /// salt's group hashes are as unforgeable as its others).
+    /// for group 0 (so a single-group model keeps today's hashes), and for
+    /// another group this salt tagged with a value derived under its own
+    /// hash function (so a keyed salt's tags are as secret as its hashes).
+    ///
+    /// A tagged salt chains exactly as this one does and XORs the tag onto
+    /// every value: a group's block is cached under the same chained hash
+    /// as group 0's with a group tag keeping the two apart, the way vLLM
+    /// keys a group's blocks by (block hash, group). So the tokens are
+    /// chained once for every group of a request and each other group's
+    /// hashes cost one XOR a block.
+    ///
+    /// ```
+    /// use kvbm_sequence::{BlockSequence, Salt};
+    ///
+    /// let salt = Salt::from_bytes(b"tenant");
+    /// let tokens: Vec<u32> = (0..48).collect();
+    /// let full = BlockSequence::with_salt(tokens.clone(), 16, salt.for_group(0))?;
+    /// let window = BlockSequence::with_salt(tokens, 16, salt.for_group(1))?;
+    /// let tag = salt.for_group(1).get() ^ salt.get();
+    /// for (f, w) in full.sequence_hashes().iter().zip(window.sequence_hashes()) {
+    ///     assert_ne!(f.value(), w.value());
+    ///     assert_eq!(f.value() ^ tag, w.value());
+    /// }
+    /// # Ok::<(), kvbm_sequence::SequenceError>(())
+    /// ```
     pub fn for_group(self, group: usize) -> Self {
         if group == 0 {
             return self;
         }
         let group = group as u64;
-        let tag = self.block_hash(&[GROUP_TAG, group as u32, (group >> 32) as u32]);
-        self.with_value(self.chain_hash(self.get(), tag))
+        let mark = self.block_hash(&[GROUP_TAG, group as u32, (group >> 32) as u32]);
+        self.tagged(self.untagged_chain_hash(self.untagged(), mark))
     }
 }
 

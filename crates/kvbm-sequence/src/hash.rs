@@ -103,6 +103,9 @@ impl fmt::Debug for HashKey {
 pub struct Salt {
     value: u128,
     key: Option<&'static HashKey>,
+    /// XORed onto every chained value (see [`Salt::for_group`]): zero for
+    /// a salt of no group, so its hashes are the plain chain's.
+    tag: u128,
 }
 
 impl Salt {
@@ -110,11 +113,16 @@ impl Salt {
     pub const NONE: Self = Self {
         value: 0,
         key: None,
+        tag: 0,
     };
 
     /// An unkeyed salt from a precomputed value.
     pub const fn new(value: u128) -> Self {
-        Self { value, key: None }
+        Self {
+            value,
+            key: None,
+            tag: 0,
+        }
     }
 
     /// An unkeyed salt from a name or any other bytes (XXH3-128 of them).
@@ -130,20 +138,42 @@ impl Salt {
         Self {
             value: siphash(key, tenant),
             key: Some(key),
+            tag: 0,
         }
     }
 
-    /// This salt's hash function (keyed or not) with another start value.
-    pub(crate) const fn with_value(self, value: u128) -> Self {
+    /// This salt with `tag` XORed onto its start value and every chained
+    /// value (see [`Salt::for_group`]).
+    pub(crate) const fn tagged(self, tag: u128) -> Self {
         Self {
-            value,
-            key: self.key,
+            tag: self.tag ^ tag,
+            ..self
         }
     }
 
-    /// The value every chain of this salt starts from.
+    /// The value every chain of this salt starts from, as
+    /// [`chain_hash`](Self::chain_hash) takes it.
     pub const fn get(self) -> u128 {
+        self.value ^ self.tag
+    }
+
+    /// The start value without the tag.
+    pub(crate) const fn untagged(self) -> u128 {
         self.value
+    }
+
+    /// Whether `other` chains as this salt does up to its tag: the same
+    /// start value and hash function. Two such salts hash a prompt's blocks
+    /// to values that differ by the XOR of their tags alone, so one chain
+    /// serves both ([`BlockSequence::with_salts`](crate::BlockSequence::with_salts)).
+    pub(crate) fn shares_chain(self, other: Self) -> bool {
+        self.value == other.value && self.key == other.key
+    }
+
+    /// What turns a chained value of this salt into `other`'s, for a salt
+    /// that [`shares_chain`](Self::shares_chain) with it.
+    pub(crate) const fn retag(self, other: Self) -> u128 {
+        self.tag ^ other.tag
     }
 
     /// Whether block hashes under this salt are keyed.
@@ -173,8 +203,17 @@ impl Salt {
     }
 
     /// Folds a block hash onto the chained value before it under this
-    /// salt's hash function: [`chain_hash`] unkeyed.
+    /// salt's hash function: [`chain_hash`] unkeyed. A tagged salt's
+    /// values are the untagged chain's with the tag XORed on, so the tag
+    /// comes off `previous` before the fold and goes back on after it.
+    #[inline]
     pub fn chain_hash(self, previous: u128, block_hash: u128) -> u128 {
+        self.tag ^ self.untagged_chain_hash(previous ^ self.tag, block_hash)
+    }
+
+    /// [`chain_hash`](Self::chain_hash) without the tag.
+    #[inline]
+    pub(crate) fn untagged_chain_hash(self, previous: u128, block_hash: u128) -> u128 {
         match self.key {
             None => chain_hash(previous, block_hash),
             Some(key) => siphash(key, &chain_bytes(previous, block_hash)),

@@ -181,10 +181,14 @@ fn with_salts_hashes_each_salt_as_with_salt_does() {
     let other_key = crate::HashKey::new(*b"fedcba9876543210").leak();
     let keyed = Salt::keyed(key, b"tenant");
     let plain = Salt::from_bytes(b"tenant");
-    let cases: [Vec<Salt>; 4] = [
-        // One hash function: block hashes shared.
+    let cases: [Vec<Salt>; 6] = [
+        // One chain up to the groups' tags: chained once, retagged.
         (0..3).map(|g| plain.for_group(g)).collect(),
         (0..3).map(|g| keyed.for_group(g)).collect(),
+        // Led by a tagged salt: the others take the XOR of both tags.
+        vec![plain.for_group(2), plain.for_group(1), plain],
+        // One hash function, two chains: block hashes shared.
+        vec![plain, plain.for_group(1), Salt::from_bytes(b"other")],
         // Mixed functions: each salt hashes its own blocks.
         vec![plain, keyed, Salt::keyed(other_key, b"tenant")],
         vec![keyed, Salt::keyed(other_key, b"tenant")],

@@ -182,6 +182,33 @@ fn group_salts_differ_and_group_zero_is_the_salt() {
     assert_ne!(Salt::NONE.for_group(1), Salt::NONE);
 }
 
+/// A group's hashes are group 0's chained hashes with the group's tag on
+/// value and parent alike, at the same positions, for keyed salts too.
+#[test]
+fn group_hashes_are_the_same_chain_tagged() {
+    let key = crate::HashKey::new(*b"0123456789abcdef").leak();
+    let tokens: Vec<u32> = (0..100).map(|t| t * 7 + 3).collect();
+    for salt in [Salt::NONE, Salt::from_bytes(b"t"), Salt::keyed(key, b"t")] {
+        let lead = crate::BlockSequence::with_salt(tokens.clone(), 16, salt).unwrap();
+        for g in 1..4 {
+            let group = salt.for_group(g);
+            let tag = group.get() ^ salt.get();
+            assert_ne!(tag, 0);
+            let seq = crate::BlockSequence::with_salt(tokens.clone(), 16, group).unwrap();
+            assert_eq!(seq.num_blocks(), lead.num_blocks());
+            for (a, b) in lead.sequence_hashes().iter().zip(seq.sequence_hashes()) {
+                assert_eq!(a.value() ^ tag, b.value());
+                assert_eq!(a.position(), b.position());
+                match (a.parent(), b.parent()) {
+                    (None, None) => {}
+                    (Some(pa), Some(pb)) => assert_eq!(pa ^ tag, pb),
+                    other => panic!("parents differ in kind: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn display_names_the_kind_and_span() {
     assert_eq!(AttentionKind::Full.to_string(), "full");
