@@ -69,6 +69,36 @@ impl SequenceHash {
         }
     }
 
+    /// The same block's hash in another key space: `tag` XORed onto the
+    /// chained value and onto the parent's (a root keeps having none), at
+    /// the same position. Retagging a chain keeps it a chain, and
+    /// retagging twice with one tag gives the hash back. (Layer groups of
+    /// one request key their blocks so: the request's chain, each group
+    /// under a tag of its own.)
+    ///
+    /// ```
+    /// use kvbm_blocks::SequenceHash;
+    /// let root = SequenceHash::root(5);
+    /// let child = root.child(9);
+    /// assert_eq!(child.retagged(3), root.retagged(3).child(9 ^ 3));
+    /// assert_eq!(child.retagged(3).retagged(3), child);
+    /// assert_eq!(root.retagged(3).parent(), None);
+    /// ```
+    #[inline]
+    pub const fn retagged(self, tag: u128) -> Self {
+        let tag = split(tag);
+        let parent = if self.position == 0 {
+            [0; 2]
+        } else {
+            [self.parent[0] ^ tag[0], self.parent[1] ^ tag[1]]
+        };
+        Self {
+            value: [self.value[0] ^ tag[0], self.value[1] ^ tag[1]],
+            parent,
+            position: self.position,
+        }
+    }
+
     /// Builds a hash from raw parts, checking that position 0 has no parent
     /// and every other position has one.
     ///

@@ -448,17 +448,7 @@ fn retag_from_first(sequences: &mut [BlockSequence]) {
         debug_assert!(sequence.hashes.is_empty());
         debug_assert_eq!(sequence.total_tokens(), lead.total_tokens());
         let retag = lead.salt.retag(sequence.salt);
-        sequence.hashes.reserve(lead.hashes.len());
-        let mut previous: Option<SequenceHash> = None;
-        for hash in &lead.hashes {
-            let value = hash.value() ^ retag;
-            let hash = match previous {
-                Some(parent) => parent.child(value),
-                None => SequenceHash::root(value),
-            };
-            sequence.hashes.push(hash);
-            previous = Some(hash);
-        }
+        (sequence.hashes).extend(lead.hashes.iter().map(|hash| hash.retagged(retag)));
     }
 }
 

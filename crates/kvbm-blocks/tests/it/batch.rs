@@ -573,3 +573,25 @@ fn register_passing_onto_refused_changes_nothing() {
     let a = audit(&manager);
     assert_eq!((a.active_blocks, a.inactive_blocks), (0, 4));
 }
+
+/// A retagged chain is the chain of the retagged values, field by field
+/// (a root keeps no parent), and a tagged pool key never equals the
+/// untagged one.
+#[test]
+fn retagged_chains_are_chains_of_retagged_values() {
+    let tag = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834_u128;
+    let mut plain = vec![SequenceHash::root(7)];
+    let mut tagged = vec![SequenceHash::root(7 ^ tag)];
+    for value in [11u128, u128::MAX, 0, 1 << 100] {
+        plain.push(plain[plain.len() - 1].child(value));
+        tagged.push(tagged[tagged.len() - 1].child(value ^ tag));
+    }
+    for (p, t) in plain.iter().zip(&tagged) {
+        assert_eq!(p.retagged(tag), *t);
+        assert_eq!(t.retagged(tag), *p);
+        assert_ne!(p.value(), t.value());
+        assert_eq!(p.position(), t.position());
+    }
+    assert_eq!(tagged[0].parent(), None);
+    assert_eq!(SequenceHash::root(3).retagged(0), SequenceHash::root(3));
+}
