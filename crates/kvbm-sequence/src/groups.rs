@@ -268,8 +268,9 @@ pub enum GroupError {
 /// and one eviction order ranks every group's cached blocks. Each group's
 /// blocks are cached under the request's chained hashes with a group tag
 /// ([`Salt::for_group`]), so a full layer's block and a window layer's
-/// block of the same tokens never match each other. Group 0 keeps the request's own salt, so a single-group model
-/// hashes, matches and costs exactly what it did before groups existed.
+/// block of the same tokens never match each other. Group 0 keeps the
+/// request's own salt, so a single-group model hashes, matches and costs
+/// exactly what it did before groups existed.
 ///
 /// ```
 /// use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
