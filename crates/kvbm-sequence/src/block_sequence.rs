@@ -397,9 +397,19 @@ fn chain_blocks(hashes: &mut Vec<SequenceHash>, salt: Salt, tokens: &[u32], bloc
     // One pass: parking block hashes for a second, chaining pass measured
     // slower than letting the CPU overlap each block's hash with the
     // previous chain step.
+    // The tag (a layer group's, or zero) read once, not per block: the
+    // chain runs untagged and each value takes the tag on the way out, as
+    // `Salt::chain_hash` does.
+    let (tag, start) = (salt.tag(), salt.untagged());
     let mut previous = hashes.last().copied();
     for block in tokens.chunks_exact(block_size) {
-        let hash = chain(previous, salt, block);
+        let content = salt.block_hash(block);
+        let hash = match previous {
+            Some(parent) => {
+                parent.child(tag ^ salt.untagged_chain_hash(parent.value() ^ tag, content))
+            }
+            None => SequenceHash::root(tag ^ salt.untagged_chain_hash(start, content)),
+        };
         hashes.push(hash);
         previous = Some(hash);
     }

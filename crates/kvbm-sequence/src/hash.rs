@@ -160,6 +160,11 @@ impl Salt {
         join(self.value) ^ join(self.tag)
     }
 
+    /// The tag (zero for a salt of no group).
+    pub(crate) const fn tag(self) -> u128 {
+        join(self.tag)
+    }
+
     /// The start value without the tag.
     pub(crate) const fn untagged(self) -> u128 {
         join(self.value)
