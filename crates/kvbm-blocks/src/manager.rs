@@ -655,6 +655,8 @@ impl<M> BlockManager<M> {
         // Released from what the table held, and from the new blocks.
         let from_table = release.min(held);
         let fresh = release - from_table;
+        // Ids only, not `BlockInfo`s to hand to `release_rev`: the wider
+        // copies cost the grouped replay 0.7% of its instructions.
         let mut released = Vec::with_capacity(fresh);
         infos.reserve(count.saturating_sub(fresh));
         {

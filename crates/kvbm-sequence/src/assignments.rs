@@ -26,8 +26,8 @@ use crate::{BlockSequence, SequenceError};
 /// assigned block `i` holds the sequence's block `k + i` (same
 /// [`SequenceHash`]), staged block `j` is bound to block `k + a + j` (it is
 /// registered under that block's hash), `k + a + s` never exceeds the full
-/// blocks of the sequence, and no block id appears twice. Every mutation here keeps it, given the sequence it is checked
-/// against.
+/// blocks of the sequence, and no block id appears twice. Every mutation
+/// here keeps it, given the sequence it is checked against.
 ///
 /// Assigned blocks are kept as one [`ImmutableBlocks`] batch, so matching,
 /// registering and releasing a whole prefix takes the pool lock once. Staged

@@ -396,20 +396,12 @@ impl Eq for BlockSequence {}
 fn chain_blocks(hashes: &mut Vec<SequenceHash>, salt: Salt, tokens: &[u32], block_size: usize) {
     // One pass: parking block hashes for a second, chaining pass measured
     // slower than letting the CPU overlap each block's hash with the
-    // previous chain step.
-    // The tag (a layer group's, or zero) read once, not per block: the
-    // chain runs untagged and each value takes the tag on the way out, as
-    // `Salt::chain_hash` does.
+    // previous chain step. The salt's tag and start are read once, not
+    // per block.
     let (tag, start) = (salt.tag(), salt.untagged());
     let mut previous = hashes.last().copied();
     for block in tokens.chunks_exact(block_size) {
-        let content = salt.block_hash(block);
-        let hash = match previous {
-            Some(parent) => {
-                parent.child(tag ^ salt.untagged_chain_hash(parent.value() ^ tag, content))
-            }
-            None => SequenceHash::root(tag ^ salt.untagged_chain_hash(start, content)),
-        };
+        let hash = chain_tagged(previous, salt, (tag, start), salt.block_hash(block));
         hashes.push(hash);
         previous = Some(hash);
     }
@@ -467,21 +459,29 @@ fn retag_from_first(sequences: &mut [BlockSequence]) {
 /// the stack.
 #[inline(always)]
 fn chain(previous: Option<SequenceHash>, salt: Salt, tokens: &[u32]) -> SequenceHash {
-    let content = salt.block_hash(tokens);
-    match previous {
-        Some(parent) => parent.child(salt.chain_hash(parent.value(), content)),
-        None => SequenceHash::root(salt.chain_hash(salt.get(), content)),
-    }
+    chain_content(previous, salt, salt.block_hash(tokens))
 }
 
 /// As [`chain`], for a block whose tokens hash to `content` under `salt`'s
-/// block hash function (`chain` is left as it was so the one-salt path
-/// compiles as before).
+/// block hash function.
 #[inline(always)]
 fn chain_content(previous: Option<SequenceHash>, salt: Salt, content: u128) -> SequenceHash {
+    chain_tagged(previous, salt, (salt.tag(), salt.untagged()), content)
+}
+
+/// As [`chain_content`], with `salt`'s tag and untagged start value read
+/// already (by a caller chaining many blocks): the chain runs untagged and
+/// each value takes the tag on the way out, as [`Salt::chain_hash`] does.
+#[inline(always)]
+fn chain_tagged(
+    previous: Option<SequenceHash>,
+    salt: Salt,
+    (tag, start): (u128, u128),
+    content: u128,
+) -> SequenceHash {
     match previous {
-        Some(parent) => parent.child(salt.chain_hash(parent.value(), content)),
-        None => SequenceHash::root(salt.chain_hash(salt.get(), content)),
+        Some(parent) => parent.child(tag ^ salt.untagged_chain_hash(parent.value() ^ tag, content)),
+        None => SequenceHash::root(tag ^ salt.untagged_chain_hash(start, content)),
     }
 }
 
