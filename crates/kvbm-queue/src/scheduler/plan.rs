@@ -163,7 +163,11 @@ pub struct PrefillWork {
     pub resumed: bool,
     /// With several KV cache groups ([`Scheduler::with_kv_groups`](crate::Scheduler::with_kv_groups)),
     /// each group's table update, in group order (`new_blocks` repeats the
-    /// first's); empty for a model of one full-attention group.
+    /// first's). Empty for a model of one full-attention group, and on a
+    /// step that gives no group a block and starts no table fresh (as
+    /// vLLM's `new_block_ids` is `None`): every group's table stays as the
+    /// engine has it. Groups always grow together, so a step lists every
+    /// group or none.
     pub groups: Vec<GroupBlocks>,
 }
 
@@ -172,7 +176,10 @@ pub struct PrefillWork {
 /// A group whose layers read no further back than a window or a chunk
 /// releases the blocks behind it: its table's entries before
 /// `first_block` are no longer the request's (the attention kernel never
-/// reads them; a fresh table has no block there).
+/// reads them; a fresh table has no block there). Releases come with the
+/// next update that lists the group, so `first_block` may lag the
+/// group's window by a few steps; only a fresh table (`resumed`) needs
+/// it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GroupBlocks {

@@ -222,36 +222,16 @@ impl<M> Running<M> {
                 let covered = self.seq.covered_blocks();
                 let fresh = covered.saturating_sub(known);
                 new_blocks = list(plan, fresh);
-                // A spare list's updates are overwritten in place, their
-                // block lists kept.
-                groups = plan.spare.groups();
-                let sequences = seq.sequences();
-                groups.truncate(sequences.len());
-                for (i, group) in sequences.iter().enumerate() {
-                    let first_block = group.inner().skipped_blocks();
-                    let update = match groups.get_mut(i) {
-                        Some(update) => {
-                            update.first_block = first_block;
-                            update.new_blocks.clear();
-                            update
-                        }
-                        None => {
-                            groups.push(GroupBlocks::new(first_block, list(plan, fresh)));
-                            let Some(update) = groups.last_mut() else {
-                                continue;
-                            };
-                            update
-                        }
-                    };
-                    if !resumed && fresh == 0 {
-                        // Most steps: every group's table is known and
-                        // grew by nothing (`table_update` would add none).
-                        continue;
-                    }
-                    Self::table_update(group, resumed, fresh, &mut update.new_blocks);
-                    if i == 0 {
-                        // `new_blocks` repeats the first group's.
-                        new_blocks.extend_from_slice(&update.new_blocks);
+                // Most steps (decodes within a block) grow no group's
+                // table: the plan lists no group, as vLLM's `new_block_ids`
+                // is `None`, and a window's releases show in the next
+                // update's `first_block`.
+                if resumed || fresh > 0 {
+                    groups = plan.spare.groups();
+                    Self::group_updates(seq.sequences(), resumed, fresh, plan, &mut groups);
+                    // `new_blocks` repeats the first group's.
+                    if let Some(first) = groups.first() {
+                        new_blocks.extend_from_slice(&first.new_blocks);
                     }
                 }
                 (covered, seq.kv_position())
@@ -278,6 +258,30 @@ impl<M> Running<M> {
                 resumed,
                 groups,
             }),
+        }
+    }
+
+    /// Fills `groups` (a spare list: its entries are overwritten in place,
+    /// their block lists kept) with each group's table update.
+    fn group_updates(
+        sequences: &[SchedulableSequence<M>],
+        resumed: bool,
+        fresh: usize,
+        plan: &mut StepPlan,
+        groups: &mut Vec<GroupBlocks>,
+    ) {
+        groups.truncate(sequences.len());
+        for (i, group) in sequences.iter().enumerate() {
+            let first_block = group.inner().skipped_blocks();
+            if let Some(update) = groups.get_mut(i) {
+                update.first_block = first_block;
+                update.new_blocks.clear();
+            } else {
+                groups.push(GroupBlocks::new(first_block, plan.spare.block_ids()));
+            }
+            if let Some(update) = groups.get_mut(i) {
+                Self::table_update(group, resumed, fresh, &mut update.new_blocks);
+            }
         }
     }
 

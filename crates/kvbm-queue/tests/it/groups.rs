@@ -56,6 +56,11 @@ impl EngineTables {
             if resumed {
                 tables.clear();
             }
+            if groups.is_empty() {
+                // No group's table changed this step.
+                assert!(!resumed, "a fresh table lists every group");
+                continue;
+            }
             tables.resize_with(groups.len(), Default::default);
             for (table, update) in tables.iter_mut().zip(groups) {
                 let GroupBlocks {
@@ -321,17 +326,27 @@ fn a_reused_plan_with_groups_is_the_plan_step_returns() {
     let mut plan = StepPlan::default();
     let mut engine = EngineTables::default();
     let mut held = vec![7; 5];
-    let (mut preempted, mut resumed, mut planned) = (0, 0, 0);
+    let (mut preempted, mut resumed, mut planned, mut unchanged) = (0, 0, 0, 0);
     while !fresh.is_idle() {
         let expected = fresh.step().unwrap();
         reused.step_into(&mut plan).unwrap();
         assert_eq!(plan, expected);
-        for p in &plan.prefill {
-            assert_eq!(p.groups[0].new_blocks, p.new_blocks);
-            resumed += usize::from(p.resumed);
-        }
-        for d in &plan.decode {
-            assert_eq!(d.groups[0].new_blocks, d.new_blocks);
+        let works = (plan.prefill.iter().map(|p| (p.resumed, &p.new_blocks, &p.groups)))
+            .chain(plan.decode.iter().map(|d| (d.resumed, &d.new_blocks, &d.groups)));
+        for (fresh_table, new_blocks, groups) in works {
+            // Every group or none: none exactly when no table changes.
+            match groups.first() {
+                Some(first) => {
+                    assert_eq!(groups.len(), 2);
+                    assert_eq!(&first.new_blocks, new_blocks);
+                    assert!(fresh_table || !new_blocks.is_empty());
+                }
+                None => {
+                    assert!(!fresh_table && new_blocks.is_empty());
+                    unchanged += 1;
+                }
+            }
+            resumed += usize::from(fresh_table);
         }
         planned += plan.prefill.len() + plan.decode.len();
         preempted += plan.preempted.len();
@@ -352,4 +367,5 @@ fn a_reused_plan_with_groups_is_the_plan_step_returns() {
     assert!(planned > 10, "{planned} entries planned");
     assert!(preempted > 0, "the scenario preempts");
     assert!(resumed > 3, "preempted requests resume with whole tables");
+    assert!(unchanged > 0, "decodes within a block list no group");
 }
