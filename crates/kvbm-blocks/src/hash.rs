@@ -87,14 +87,15 @@ impl SequenceHash {
     #[inline]
     pub const fn retagged(self, tag: u128) -> Self {
         let tag = split(tag);
-        let parent = if self.position == 0 {
-            [0; 2]
-        } else {
-            [self.parent[0] ^ tag[0], self.parent[1] ^ tag[1]]
-        };
+        // A root's parent stays zero: the tag is masked off for it rather
+        // than branched on, so retagging a chain is a straight loop.
+        let child = ((self.position != 0) as u64).wrapping_neg();
         Self {
             value: [self.value[0] ^ tag[0], self.value[1] ^ tag[1]],
-            parent,
+            parent: [
+                self.parent[0] ^ (tag[0] & child),
+                self.parent[1] ^ (tag[1] & child),
+            ],
             position: self.position,
         }
     }

@@ -508,12 +508,20 @@ impl<M> GroupedSequence<M> {
     }
 
     /// After an apply: each group releases the blocks it reads no more.
+    #[inline(always)]
     fn release_unread(&mut self) {
-        let kv_position = self.kv_position();
-        if kv_position < self.unread_from {
-            // Most decode steps move no window past a block.
-            return;
+        // Most decode steps move no window past a block: the check is
+        // inlined, the release is not.
+        if self.kv_position() >= self.unread_from {
+            self.release_unread_now();
         }
+    }
+
+    /// [`release_unread`](Self::release_unread) once a window may have
+    /// moved past a block.
+    #[inline(never)]
+    fn release_unread_now(&mut self) {
+        let kv_position = self.kv_position();
         let block_size = self.groups.block_size();
         let mut unread_from = usize::MAX;
         for (seq, group) in self.sequences.iter_mut().zip(self.groups.groups()) {
@@ -593,6 +601,11 @@ const PROBE_MAX: usize = 256;
 /// kept: the rules ask in order, so earlier runs are not asked again.
 struct Probe<'a> {
     hashes: &'a [SequenceHash],
+    /// For full attention: how many leading blocks are cached, once looked
+    /// up. A full group is asked from block 0 up to its first miss, so one
+    /// look-up that stops there answers every question, with no run past
+    /// the miss.
+    prefix: Option<Option<usize>>,
     forward: bool,
     /// Block index of `found[0]`.
     start: usize,
@@ -604,6 +617,7 @@ impl<'a> Probe<'a> {
     fn new(hashes: &'a [SequenceHash], kind: AttentionKind) -> Self {
         Self {
             hashes,
+            prefix: (kind == AttentionKind::Full).then_some(None),
             forward: !matches!(kind, AttentionKind::SlidingWindow { .. }),
             start: 0,
             found: Vec::new(),
@@ -612,6 +626,10 @@ impl<'a> Probe<'a> {
     }
 
     fn is_cached<M>(&mut self, i: usize, manager: &BlockManager<M>) -> bool {
+        if let Some(prefix) = &mut self.prefix {
+            let cached = *prefix.get_or_insert_with(|| manager.registered_prefix(self.hashes));
+            return i < cached;
+        }
         if let Some(&known) = i.checked_sub(self.start).and_then(|k| self.found.get(k)) {
             return known;
         }
