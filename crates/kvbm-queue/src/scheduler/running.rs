@@ -348,8 +348,10 @@ impl<M> Running<M> {
     /// another request registered first is deduplicated onto that request's
     /// block (same KV), and the table entry changes.
     /// `registered_end` is the table index where the registered blocks
-    /// ended before the step (a window group may have released blocks
-    /// before it since).
+    /// ended before the step, `before[k]` the block at table index
+    /// `registered_end + k` then. A window group may have released blocks
+    /// since, up to past some of these: a released entry is one the engine
+    /// never reads again, so it counts as unchanged.
     fn registration_swapped_blocks(
         seq: &SchedulableSequence<M>,
         registered_end: usize,
@@ -357,11 +359,17 @@ impl<M> Running<M> {
     ) -> bool {
         let assignments = seq.inner().assignments();
         let assigned: &[kvbm_blocks::BlockInfo] = assignments.assigned();
-        let start = registered_end.saturating_sub(assignments.skipped_count());
+        let skipped = assignments.skipped_count();
+        // Table index `i` is `assigned[i - skipped]` now.
+        let released = skipped.saturating_sub(registered_end).min(before.len());
+        // Past the end (every entry released) when none is left to compare.
+        let start = (registered_end.saturating_add(released))
+            .checked_sub(skipped)
+            .unwrap_or(usize::MAX);
         let newly = assigned.get(start..).unwrap_or(&[]);
         newly
             .iter()
-            .zip(before)
+            .zip(&before[released..])
             .any(|(now, &was)| now.block_id() != was)
     }
 

@@ -178,6 +178,36 @@ fn a_window_group_holds_its_window_and_the_engine_tables_follow() {
 }
 
 #[test]
+fn a_window_released_at_registration_sends_no_fresh_table() {
+    // A lone request has nothing to deduplicate against: only its first
+    // entry starts a table, however many blocks its window released while
+    // they were registered (the whole prompt in one chunk, then decodes).
+    let mut s = scheduler(64, SchedulerConfig::default());
+    s.submit(InferenceRequest::new(
+        RequestId(1),
+        (0..40).collect::<Vec<u32>>(),
+        12,
+    ))
+    .unwrap();
+    let mut engine = EngineTables::default();
+    let mut fresh_tables = Vec::new();
+    while !s.is_idle() {
+        let plan = s.step().unwrap();
+        let entries = (plan.prefill.iter().map(|p| p.resumed))
+            .chain(plan.decode.iter().map(|d| d.resumed));
+        fresh_tables.extend(entries);
+        engine.follow(&plan);
+        if let Some(id) = s.running_ids().next() {
+            engine.agrees(&s, id, 2);
+        }
+        s.apply(&outputs(&plan)).unwrap();
+    }
+    assert_eq!(fresh_tables.len(), 12, "one prefill and 11 decodes");
+    assert_eq!(fresh_tables.iter().filter(|&&fresh| fresh).count(), 1);
+    assert!(fresh_tables[0]);
+}
+
+#[test]
 fn a_prefix_hit_counts_as_far_as_every_group_serves_it() {
     let mut s = scheduler(64, SchedulerConfig::default());
     s.submit(InferenceRequest::new(
