@@ -390,78 +390,20 @@ impl ModelArgs {
         &self,
         capacity: &ServeCapacityArgs,
     ) -> Result<Option<kvbm_sim::KvSetup>, SimError> {
-        let layout = match (&self.model, &self.groups) {
-            (None, None) => {
-                let alone = [
-                    (self.capacity_bytes.is_some(), "--capacity-bytes"),
-                    (
-                        self.kv_bytes_per_token_layer.is_some(),
-                        "--kv-bytes-per-token-layer",
-                    ),
-                    (self.full_attention_only, "--full-attention-only"),
-                ];
-                if let Some((_, flag)) = alone.into_iter().find(|(given, _)| *given) {
-                    return Err(SimError::MissingFlag {
-                        flag,
-                        needs: "--model or --groups (a model's KV layout)",
-                    });
-                }
-                return Ok(None);
-            }
-            (Some(_), Some(_)) => {
-                return Err(SimError::ConflictingFlags {
-                    flag: "--model",
-                    other: "--groups",
-                    reason: "give a preset or a description of layers, not both",
-                });
-            }
-            (Some(_), None) => "--model",
-            (None, Some(_)) => "--groups",
-        };
-        for (given, other) in [
+        let sized_by = [
             (capacity.capacity_blocks.is_some(), "--capacity-blocks"),
             (capacity.capacity_tokens.is_some(), "--capacity-tokens"),
-        ] {
-            if given {
-                return Err(SimError::ConflictingFlags {
-                    flag: layout,
-                    other,
-                    reason: "a model's pool is sized in bytes (--capacity-bytes)",
-                });
-            }
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag));
+        kvbm_sim::KvFlags {
+            model: self.model.as_deref(),
+            groups: self.groups.as_deref(),
+            kv_bytes_per_token_layer: self.kv_bytes_per_token_layer.as_deref(),
+            capacity_bytes: self.capacity_bytes.as_deref(),
+            full_attention_only: self.full_attention_only,
         }
-        let Some(bytes) = &self.capacity_bytes else {
-            return Err(SimError::MissingFlag {
-                flag: layout,
-                needs: "--capacity-bytes (the KV memory in bytes)",
-            });
-        };
-        let capacity_bytes = kvbm_sim::model::parse_bytes("--capacity-bytes", bytes)?;
-        let model = match (&self.model, &self.groups, &self.kv_bytes_per_token_layer) {
-            (Some(_), _, Some(_)) => {
-                return Err(SimError::ConflictingFlags {
-                    flag: "--kv-bytes-per-token-layer",
-                    other: "--model",
-                    reason: "a preset has its own bytes per token",
-                });
-            }
-            (Some(name), _, None) => kvbm_sim::KvModel::preset(name)?,
-            (None, Some(_), None) => {
-                return Err(SimError::MissingFlag {
-                    flag: "--groups",
-                    needs: "--kv-bytes-per-token-layer (a token's KV bytes in one layer)",
-                });
-            }
-            (None, Some(spec), Some(bytes)) => {
-                let bytes = kvbm_sim::model::parse_bytes("--kv-bytes-per-token-layer", bytes)?;
-                kvbm_sim::KvModel::parse_layers(spec, bytes)?
-            }
-            (None, None, _) => return Ok(None),
-        };
-        Ok(Some(
-            kvbm_sim::KvSetup::new(model, capacity_bytes)
-                .with_full_attention_only(self.full_attention_only),
-        ))
+        .setup(sized_by)
     }
 }
 

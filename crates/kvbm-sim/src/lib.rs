@@ -159,7 +159,7 @@ pub use mode::serve::{
     AdmissionStats, KvGroupReport, KvReport, Latency, PriorityMix, RequestTimeline, ServeConfig,
     ServeOutcome, ServeReport, StepTime, priority_from_vllm, prompt_tokens, trace_token,
 };
-pub use model::{KvModel, KvSetup, LayerCount, ModelPreset};
+pub use model::{KvFlags, KvModel, KvSetup, LayerCount, ModelPreset};
 pub use output::FigureFiles;
 pub use progress::{NoProgress, Progress};
 pub use stats::HitStats;

@@ -638,5 +638,9 @@ pub fn parse_bytes(flag: &'static str, text: &str) -> Result<u64, SimError> {
     Ok(value)
 }
 
+mod flags;
+
+pub use flags::KvFlags;
+
 #[cfg(test)]
 mod tests;
