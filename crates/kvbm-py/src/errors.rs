@@ -231,7 +231,15 @@ impl From<RustSimError> for Error {
             | RustSimError::UnknownEviction { .. }
             | RustSimError::InvalidCapacity { .. }
             | RustSimError::TooManySubscribers { .. }
-            | RustSimError::FeatureDisabled { .. } => Kind::Invalid,
+            | RustSimError::FeatureDisabled { .. }
+            | RustSimError::UnknownModel { .. }
+            | RustSimError::InvalidGroupSpec { .. }
+            | RustSimError::InvalidBytes { .. }
+            | RustSimError::CapacityBelowBlock { .. }
+            | RustSimError::ConflictingFlags { .. }
+            | RustSimError::MissingFlag { .. }
+            | RustSimError::KvLayoutUnsupported { .. }
+            | RustSimError::Groups(_) => Kind::Invalid,
             _ => Kind::Sim,
         };
         Self::new(kind, error.to_string())

@@ -6,14 +6,21 @@
 
 use kvbm_blocks::BlockId;
 use kvbm_queue::{
-    DecodeWork as RustDecode, FinishReason, Finished as RustFinished, PrefillWork as RustPrefill,
-    StepPlan as RustPlan, StepReport as RustReport,
+    DecodeWork as RustDecode, FinishReason, Finished as RustFinished, GroupBlocks,
+    PrefillWork as RustPrefill, StepPlan as RustPlan, StepReport as RustReport,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList};
 
 fn ids(blocks: &[BlockId]) -> Vec<u32> {
     blocks.iter().map(|id| id.get()).collect()
+}
+
+/// Each KV cache group's table update as ``(first_block, new_blocks)``.
+fn group_updates(groups: &[GroupBlocks]) -> Vec<(usize, Vec<u32>)> {
+    (groups.iter())
+        .map(|group| (group.first_block, ids(&group.new_blocks)))
+        .collect()
 }
 
 /// A finish reason's name.
@@ -65,7 +72,10 @@ impl Finished {
 /// A prefill chunk: compute the KV of tokens ``start .. start + num_tokens``
 /// of request ``request_id``; ``emits_token`` when the chunk ends the prompt
 /// and samples the first token. ``new_blocks`` extend its block table (they
-/// are the whole table when ``resumed``).
+/// are the whole table when ``resumed``). With KV cache groups, ``groups``
+/// holds each group's ``(first_block, new_blocks)`` on a step that changes
+/// the tables (``new_blocks`` repeats the first group's), and is empty on
+/// the others and for a one-group scheduler.
 #[pyclass(module = "kvbm", frozen, get_all)]
 #[derive(Clone, Debug)]
 pub(crate) struct PrefillWork {
@@ -81,6 +91,8 @@ pub(crate) struct PrefillWork {
     new_blocks: Vec<u32>,
     /// Whether the table starts fresh.
     resumed: bool,
+    /// Each KV cache group's ``(first_block, new_blocks)``.
+    groups: Vec<(usize, Vec<u32>)>,
 }
 
 impl From<&RustPrefill> for PrefillWork {
@@ -92,6 +104,7 @@ impl From<&RustPrefill> for PrefillWork {
             emits_token: work.emits_token,
             new_blocks: ids(&work.new_blocks),
             resumed: work.resumed,
+            groups: group_updates(&work.groups),
         }
     }
 }
@@ -113,6 +126,7 @@ impl PrefillWork {
 
 /// A decode: compute the KV of the token at ``position`` of request
 /// ``request_id`` (and ``draft_tokens`` drafts after it) and sample the next.
+/// ``new_blocks`` and ``groups`` as ``PrefillWork``'s.
 #[pyclass(module = "kvbm", frozen, get_all)]
 #[derive(Clone, Debug)]
 pub(crate) struct DecodeWork {
@@ -126,6 +140,8 @@ pub(crate) struct DecodeWork {
     new_blocks: Vec<u32>,
     /// Whether the table starts fresh.
     resumed: bool,
+    /// Each KV cache group's ``(first_block, new_blocks)``.
+    groups: Vec<(usize, Vec<u32>)>,
 }
 
 impl From<&RustDecode> for DecodeWork {
@@ -136,6 +152,7 @@ impl From<&RustDecode> for DecodeWork {
             draft_tokens: work.draft_tokens,
             new_blocks: ids(&work.new_blocks),
             resumed: work.resumed,
+            groups: group_updates(&work.groups),
         }
     }
 }

@@ -6,13 +6,14 @@
 //! take: another Python thread can submit while a long step runs with the
 //! GIL released.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kvbm_blocks::{BlockManager, EventSubscription};
 use kvbm_queue::{
     EngineOutput, GenerationReserve, InferenceRequest, Preemption, RequestId,
     Scheduler as RustScheduler, SchedulerConfig, SubmitHandle,
 };
+use kvbm_sequence::{AttentionKind, KvCacheGroups};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -47,6 +48,39 @@ pub(crate) struct Scheduler {
     handle: SubmitHandle,
     manager: BlockManager<Device>,
     state: Mutex<State>,
+}
+
+/// The KV cache groups of `model` (a preset's name) or of `groups` (a
+/// description of the layers, as kvbm-sim's `--groups`), made as vLLM
+/// makes them, over `block_size`-token blocks; `None` for neither.
+fn kv_groups(
+    model: Option<&str>,
+    groups: Option<&str>,
+    block_size: usize,
+) -> PyResult<Option<Arc<KvCacheGroups>>> {
+    // The grouping does not depend on a token's bytes, which a scheduler
+    // never sees: a description is parsed with one byte per token.
+    let model = match (model, groups) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid("give model or groups, not both").into());
+        }
+        (Some(name), None) => kvbm_sim::KvModel::preset(name),
+        (None, Some(spec)) => kvbm_sim::KvModel::parse_layers(spec, 1),
+    }
+    .map_err(Error::from)?;
+    let groups = model.groups(block_size).map_err(Error::from)?;
+    Ok(Some(Arc::new(groups)))
+}
+
+/// An attention kind as ``(kind, span)``: ``("full", None)``,
+/// ``("sliding_window", window)`` or ``("chunked_local", chunk)``.
+fn kind_tuple(kind: AttentionKind) -> (&'static str, Option<usize>) {
+    match kind {
+        AttentionKind::SlidingWindow { window } => ("sliding_window", Some(window)),
+        AttentionKind::ChunkedLocal { chunk } => ("chunked_local", Some(chunk)),
+        _ => ("full", None),
+    }
 }
 
 /// `full` or a token cap.
@@ -124,7 +158,9 @@ impl Scheduler {
         preemption = "never",
         eviction = "lru",
         events = false,
-    ), text_signature = "(num_blocks, block_size=16, *, max_running=256, token_budget=8192, chunk_size=2048, watermark_blocks=None, reserve=None, prefix_credit=True, speculative_tokens=0, preemption='never', eviction='lru', events=False)")]
+        model = None,
+        groups = None,
+    ), text_signature = "(num_blocks, block_size=16, *, max_running=256, token_budget=8192, chunk_size=2048, watermark_blocks=None, reserve=None, prefix_credit=True, speculative_tokens=0, preemption='never', eviction='lru', events=False, model=None, groups=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: Count,
@@ -139,7 +175,10 @@ impl Scheduler {
         preemption: &str,
         eviction: &str,
         events: bool,
+        model: Option<&str>,
+        groups: Option<&str>,
     ) -> PyResult<Self> {
+        let groups = kv_groups(model, groups, block_size.0)?;
         let manager = crate::pool::manager(
             num_blocks.0,
             block_size.0,
@@ -171,7 +210,11 @@ impl Scheduler {
             }
         };
         let events = events.then(|| manager.subscribe_events(1024));
-        let mut scheduler = RustScheduler::new(manager.clone(), config).map_err(Error::from)?;
+        let mut scheduler = match groups {
+            Some(groups) => RustScheduler::with_kv_groups(manager.clone(), config, groups),
+            None => RustScheduler::new(manager.clone(), config),
+        }
+        .map_err(Error::from)?;
         // No recorder is installed from Python: skip the reads metrics need.
         scheduler.set_metrics_enabled(false);
         Ok(Self {
@@ -330,6 +373,46 @@ impl Scheduler {
             .scheduler
             .block_table(RequestId(request_id.0))?;
         Some(table.into_iter().map(|id| id.get()).collect())
+    }
+
+    /// KV cache group ``group``'s table of a running request, as
+    /// ``(first_block, blocks)``: the index of the first block it still
+    /// holds (a sliding window's earlier blocks went back to the cache) and
+    /// the blocks from there on. ``None`` if it is not running or there is
+    /// no such group (a one-group scheduler has group 0 only).
+    fn group_block_table(
+        &self,
+        py: Python<'_>,
+        request_id: U64,
+        group: Count,
+    ) -> Option<(usize, Vec<u32>)> {
+        let (first, table) = lock(&self.state, py)
+            .scheduler
+            .group_block_table(RequestId(request_id.0), group.0)?;
+        Some((first, table.into_iter().map(|id| id.get()).collect()))
+    }
+
+    /// Blocks the running requests hold, per KV cache group (one entry for
+    /// a one-group scheduler).
+    fn held_blocks_by_group(&self, py: Python<'_>) -> Vec<usize> {
+        lock(&self.state, py).scheduler.held_blocks_by_group()
+    }
+
+    /// The KV cache groups, as ``(kind, span, layers)`` tuples (``span``
+    /// is a window or chunk in tokens, ``None`` for full attention);
+    /// ``None`` for a one-group scheduler.
+    #[getter]
+    fn kv_groups(&self, py: Python<'_>) -> Option<Vec<(&'static str, Option<usize>, usize)>> {
+        let state = lock(&self.state, py);
+        let groups = state.scheduler.kv_groups()?;
+        Some(
+            (groups.groups().iter())
+                .map(|group| {
+                    let (kind, span) = kind_tuple(group.kind());
+                    (kind, span, group.layers())
+                })
+                .collect(),
+        )
     }
 
     /// The tokens (prompt and generated) of a running request.

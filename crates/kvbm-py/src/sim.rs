@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use kvbm_queue::{Aging, GenerationReserve, Preemption, SchedulerConfig};
 use kvbm_sim::{
-    CacheConfig, CacheTiers, Capacity, ClusterConfig, DataPlaneSpec, Link, NoProgress, Offload,
-    PolicyKind, PriorityMix, ServeConfig, SimError as RustSimError, StepTime, TierSetup,
-    Trace as RustTrace, TraceRequest, Workload,
+    CacheConfig, CacheTiers, Capacity, ClusterConfig, DataPlaneSpec, KvFlags, KvSetup, Link,
+    NoProgress, Offload, PolicyKind, PriorityMix, ServeConfig, SimError as RustSimError, StepTime,
+    TierSetup, Trace as RustTrace, TraceRequest, Workload,
 };
 use pyo3::exceptions::{PyKeyError, PyTypeError};
 use pyo3::prelude::*;
@@ -296,6 +296,32 @@ impl<'py> Options<'py> {
         Ok(value.filter(|value| !value.is_none()))
     }
 
+    /// Whether the option `key` is given (and not `None`), without taking it.
+    fn given(&self, key: &str) -> PyResult<bool> {
+        let Some(dict) = &self.dict else {
+            return Ok(false);
+        };
+        Ok(dict.get_item(key)?.is_some_and(|value| !value.is_none()))
+    }
+
+    /// The option `key` as the command line's text: a `str` as given, an
+    /// `int` written out (a byte count, say).
+    fn take_text(&self, key: &str) -> PyResult<Option<String>> {
+        let Some(value) = self.take_any(key)? else {
+            return Ok(None);
+        };
+        if let Ok(text) = value.cast::<PyString>() {
+            return Ok(Some(text.to_str()?.to_owned()));
+        }
+        match value.extract::<u64>() {
+            Ok(number) => Ok(Some(number.to_string())),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "{}() option {key}: expected a non-negative int or a str, got {value}",
+                self.function
+            ))),
+        }
+    }
+
     /// The option `key`, or `default`.
     fn or<T>(&self, key: &str, default: T) -> PyResult<T>
     where
@@ -387,6 +413,33 @@ fn cache_tiers(options: &Options<'_>) -> PyResult<CacheTiers> {
 fn eviction(options: &Options<'_>) -> PyResult<kvbm_sim::Eviction> {
     let name: String = options.or("eviction", "lru".to_owned())?;
     Ok(crate::args::eviction(&name)?)
+}
+
+/// A model's KV layout from serve's options (`model`, `groups`,
+/// `kv_bytes_per_token_layer`, `capacity_bytes`, `full_attention_only`;
+/// the byte counts an int or the command line's text, e.g. `"40G"`),
+/// checked as the command line checks its flags. Call before `engine`,
+/// which takes the capacity options a model's bytes replace.
+fn kv_setup(options: &Options<'_>) -> PyResult<Option<KvSetup>> {
+    let sized_by = if options.given("capacity_blocks")? {
+        Some("--capacity-blocks")
+    } else if options.given("capacity_tokens")? {
+        Some("--capacity-tokens")
+    } else {
+        None
+    };
+    let model = options.take::<String>("model")?;
+    let groups = options.take::<String>("groups")?;
+    let bytes = options.take_text("kv_bytes_per_token_layer")?;
+    let capacity = options.take_text("capacity_bytes")?;
+    let flags = KvFlags {
+        model: model.as_deref(),
+        groups: groups.as_deref(),
+        kv_bytes_per_token_layer: bytes.as_deref(),
+        capacity_bytes: capacity.as_deref(),
+        full_attention_only: options.or("full_attention_only", false)?,
+    };
+    Ok(flags.setup(sized_by).map_err(Error::from)?)
 }
 
 /// One engine's configuration from serve's options (kvbm-sim's
@@ -513,6 +566,14 @@ pub(crate) fn replay_cache<'py>(
 /// ``audit_every``, ``host_tier_tokens``, ``disk_tier_tokens``,
 /// ``offload``, ``kv_bytes_per_token``, ``host_link_gbps``,
 /// ``host_link_setup_us``, ``disk_link_gbps``, ``disk_link_setup_us``.
+/// A model's KV cache groups: ``model`` (``"gpt-oss-120b"``,
+/// ``"gpt-oss-20b"``, ``"gemma-3-27b"``, ``"llama-3.1-8b"``,
+/// ``"llama-4-scout"``) or ``groups`` (its layers by kind, e.g.
+/// ``"sliding_window:128:18,full:18"``, with ``kv_bytes_per_token_layer``),
+/// in ``capacity_bytes`` of KV memory (an int, or text such as ``"40G"``)
+/// instead of ``capacity_blocks`` / ``capacity_tokens``;
+/// ``full_attention_only`` treats every layer as full attention. The
+/// report then has ``kv_groups`` and ``peak_kv_bytes``.
 #[pyfunction]
 #[pyo3(signature = (trace = None, **options))]
 pub(crate) fn replay_serve<'py>(
@@ -527,8 +588,21 @@ pub(crate) fn replay_serve<'py>(
         Some(spec) => Some(DataPlaneSpec::from_str(&spec).map_err(Error::from)?),
         None => None,
     };
-    let config = engine(&options)?;
+    let kv = kv_setup(&options)?;
+    let mut config = engine(&options)?;
     options.finish()?;
+    if let Some(kv) = kv {
+        if data_plane.is_some() {
+            return Err(Error::from(RustSimError::KvLayoutUnsupported {
+                with: "the data plane (data_plane)",
+            })
+            .into());
+        }
+        config = config.with_kv(kv);
+        config.validate().map_err(Error::from)?;
+        // Refuse a pool that cannot be built before replaying.
+        config.capacity_blocks().map_err(Error::from)?;
+    }
     run(py, move || {
         let report = kvbm_sim::mode::serve::replay_with_data_plane(
             &replayed,

@@ -173,6 +173,68 @@ def test_bad_configurations_are_value_errors(kwargs):
         kvbm.Scheduler(16, 16, **kwargs)
 
 
+WINDOW_MODEL = "sliding_window:32:2,full:2"  # two groups, a 32-token window
+
+
+def test_kv_groups_give_a_table_per_group_that_the_plans_describe():
+    scheduler = kvbm.Scheduler(256, 16, groups=WINDOW_MODEL, max_running=4, chunk_size=64)
+    assert scheduler.kv_groups == [("full", None, 2), ("sliding_window", 32, 2)]
+    for i in range(6):
+        scheduler.submit(i, SYSTEM + [1000 + i] * (40 + 9 * i), 40)
+    # An engine's tables, kept only from the plans' group updates.
+    tables = {}
+    unchanged = 0
+    for _ in range(10_000):
+        if scheduler.is_idle:
+            break
+        plan = scheduler.step()
+        for work in list(plan.prefill) + list(plan.decode):
+            if not work.groups:
+                assert not work.resumed and work.new_blocks == []
+                unchanged += 1
+                continue
+            assert len(work.groups) == 2
+            assert work.groups[0][1] == work.new_blocks
+            if work.resumed or work.request_id not in tables:
+                tables[work.request_id] = [(first, []) for first, _ in work.groups]
+            for table, (_, blocks) in zip(tables[work.request_id], work.groups):
+                table[1].extend(blocks)
+        # What the engine runs this step with is the scheduler's tables
+        # (after an apply that deduplicated a block, the next plan sends
+        # the whole table again).
+        for request_id in plan.request_ids:
+            for group, (first, engine) in enumerate(tables[request_id]):
+                held_first, held = scheduler.group_block_table(request_id, group)
+                assert first <= held_first
+                assert engine[held_first - first:] == held
+        scheduler.apply(plan.sample_all(7))
+        for request_id in scheduler.running_ids:
+            # The window group holds the blocks of its last 32 tokens and
+            # the tail's: at most 3 blocks of 16 tokens and 1 ahead.
+            assert len(scheduler.group_block_table(request_id, 1)[1]) <= 4
+        assert len(scheduler.held_blocks_by_group()) == 2
+    assert scheduler.is_idle
+    assert unchanged > 0
+    census = scheduler.audit()
+    assert census["finished"] == 6
+    assert scheduler.group_block_table(0, 0) is None
+
+
+def test_kv_groups_of_a_preset_and_refusals():
+    scheduler = kvbm.Scheduler(64, 16, model="gpt-oss-20b")
+    assert [kind for kind, _, _ in scheduler.kv_groups] == ["full", "sliding_window"]
+    assert kvbm.Scheduler(64, 16).kv_groups is None
+    for kwargs in [
+        {"model": "gpt-9"},
+        {"model": "gpt-oss-20b", "groups": "full:2"},
+        {"groups": "sliding_window:20:2,full:2"},  # not a multiple of 16
+        {"groups": "diagonal:2"},
+        {"groups": ""},
+    ]:
+        with pytest.raises(kvbm.InvalidArgumentError):
+            kvbm.Scheduler(64, 16, **kwargs)
+
+
 def test_priorities_and_salts():
     scheduler = kvbm.Scheduler(64, 16, max_running=1)
     scheduler.submit(1, SYSTEM, 1, priority="low")

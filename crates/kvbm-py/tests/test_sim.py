@@ -41,6 +41,23 @@ def test_serve_replay_finishes_every_request():
     assert 0 < report["ttft"]["p50_ms"] <= report["ttft"]["max_ms"]
 
 
+def test_serve_replay_of_a_model_reports_its_groups():
+    grouped = kvbm.replay_serve(limit=200, model="gpt-oss-120b", capacity_bytes="40G")
+    full = kvbm.replay_serve(
+        limit=200, model="gpt-oss-120b", capacity_bytes=40_000_000_000, full_attention_only=True
+    )
+    assert grouped["finished_requests"] == full["finished_requests"] == 200
+    kinds = [(g["kind"], g["window"]) for g in grouped["kv_groups"]]
+    assert kinds == [("full", None), ("sliding_window", 128)]
+    assert [g["kind"] for g in full["kv_groups"]] == ["full"]
+    # A window group holds about a window's blocks per request, so the
+    # same bytes hold twice the blocks of half the layers each.
+    assert grouped["capacity_blocks"] == 2 * full["capacity_blocks"]
+    window = grouped["kv_groups"][1]["peak_blocks"]
+    assert 0 < window < grouped["kv_groups"][0]["peak_blocks"]
+    assert grouped["peak_kv_bytes"] <= 40_000_000_000
+
+
 def test_cluster_replay_compares_policies():
     report = kvbm.replay_cluster(
         limit=40, engines=2, policies="round-robin,kv-aware", capacity_tokens=300_000, threads=1
@@ -92,6 +109,47 @@ def test_a_trace_object_replays_many_times():
         (lambda: kvbm.replay_serve(limit=0), kvbm.InvalidArgumentError),
         (lambda: kvbm.replay_serve(limit=5, step_ms=-1.0), kvbm.InvalidArgumentError),
         (lambda: kvbm.replay_serve(limit=5, priorities="x"), kvbm.InvalidArgumentError),
+        (lambda: kvbm.replay_serve(limit=5, model="gpt-9"), kvbm.InvalidArgumentError),
+        (lambda: kvbm.replay_serve(limit=5, model="gpt-oss-20b"), kvbm.InvalidArgumentError),
+        (
+            lambda: kvbm.replay_serve(
+                limit=5, model="gpt-oss-20b", capacity_bytes="4G", capacity_blocks=100
+            ),
+            kvbm.InvalidArgumentError,
+        ),
+        (
+            lambda: kvbm.replay_serve(
+                limit=5, model="gpt-oss-20b", groups="full:4", capacity_bytes="4G"
+            ),
+            kvbm.InvalidArgumentError,
+        ),
+        (
+            lambda: kvbm.replay_serve(limit=5, groups="full:4", capacity_bytes="4G"),
+            kvbm.InvalidArgumentError,
+        ),
+        (
+            lambda: kvbm.replay_serve(
+                limit=5, groups="sliding_window:100:4,full:4",
+                kv_bytes_per_token_layer=2048, capacity_bytes="4G",
+            ),
+            kvbm.InvalidArgumentError,
+        ),
+        (lambda: kvbm.replay_serve(limit=5, capacity_bytes="4G"), kvbm.InvalidArgumentError),
+        (lambda: kvbm.replay_serve(limit=5, full_attention_only=True), kvbm.InvalidArgumentError),
+        (
+            lambda: kvbm.replay_serve(limit=5, model="gpt-oss-20b", capacity_bytes=-1),
+            TypeError,
+        ),
+        (
+            lambda: kvbm.replay_serve(limit=5, model="gpt-oss-20b", capacity_bytes="lots"),
+            kvbm.InvalidArgumentError,
+        ),
+        (
+            lambda: kvbm.replay_serve(
+                limit=5, model="gpt-oss-20b", capacity_bytes="4G", data_plane="host"
+            ),
+            kvbm.InvalidArgumentError,
+        ),
         (lambda: kvbm.replay_cluster(limit=5, engines=0), kvbm.InvalidArgumentError),
         (lambda: kvbm.replay_cluster(limit=5, policies=["best"]), kvbm.InvalidArgumentError),
         (lambda: kvbm.Trace.from_jsonl("{not json"), kvbm.SimError),
@@ -147,6 +205,14 @@ def test_replays_release_the_gil():
          lambda: kvbm.replay_serve(limit=80, capacity_tokens=400_000, block_size=32)),
         (["cluster", "--limit", "40", "--engines", "3", "--capacity-tokens", "300000"],
          lambda: kvbm.replay_cluster(limit=40, engines=3, capacity_tokens=300_000)),
+        (["serve", "--limit", "80", "--model", "gpt-oss-20b", "--capacity-bytes", "2G"],
+         lambda: kvbm.replay_serve(limit=80, model="gpt-oss-20b", capacity_bytes="2G")),
+        (["serve", "--limit", "80", "--groups", "sliding_window:128:3,full:1",
+          "--kv-bytes-per-token-layer", "2048", "--capacity-bytes", "300000000",
+          "--full-attention-only"],
+         lambda: kvbm.replay_serve(limit=80, groups="sliding_window:128:3,full:1",
+                                   kv_bytes_per_token_layer=2048, capacity_bytes=300_000_000,
+                                   full_attention_only=True)),
     ],
 )
 def test_reports_equal_the_command_lines_json(args, call):

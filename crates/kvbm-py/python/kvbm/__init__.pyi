@@ -56,6 +56,7 @@ _Hashes = Union["Sequence", "RequestSequence", bytes, Iterable[int]]
 them as 16 little-endian bytes each, or a sequence object (its hashes)."""
 
 _Eviction = Literal["lru", "multi-level", "lineage"]
+_Model = Literal["gpt-oss-120b", "gpt-oss-20b", "gemma-3-27b", "llama-3.1-8b", "llama-4-scout"]
 _Priority = Literal["low", "normal", "high", "critical"]
 _Reason = Literal["max_tokens", "stop", "aborted", "cancelled", "capacity_exceeded"]
 
@@ -526,6 +527,11 @@ class PrefillWork:
     def new_blocks(self) -> list[int]: ...
     @property
     def resumed(self) -> bool: ...
+    @property
+    def groups(self) -> list[tuple[int, list[int]]]:
+        """With KV cache groups, each group's ``(first_block, new_blocks)``
+        on a step that changes the tables (``new_blocks`` repeats the first
+        group's); empty on the other steps and for one group."""
 
 @final
 class DecodeWork:
@@ -542,6 +548,9 @@ class DecodeWork:
     def new_blocks(self) -> list[int]: ...
     @property
     def resumed(self) -> bool: ...
+    @property
+    def groups(self) -> list[tuple[int, list[int]]]:
+        """As ``PrefillWork.groups``."""
 
 @final
 class StepPlan:
@@ -618,10 +627,20 @@ class Scheduler:
         preemption: Literal["never", "priority"] = "never",
         eviction: _Eviction = "lru",
         events: bool = False,
+        model: _Model | None = None,
+        groups: str | None = None,
     ) -> Scheduler:
         """A scheduler over a new pool of ``num_blocks`` blocks. The limits
         default to vLLM's; ``watermark_blocks`` defaults to 1% of the pool,
-        ``reserve`` (generated tokens admission reserves) to 256."""
+        ``reserve`` (generated tokens admission reserves) to 256.
+
+        ``model`` (a preset) or ``groups`` (the layers by kind, e.g.
+        ``"sliding_window:128:18,full:18"``) runs the model's KV cache
+        groups, made as vLLM makes them: each request holds a table per
+        group, and a sliding window's blocks behind it go back to the cache
+        as it advances. Raises ``InvalidArgumentError`` for an unknown
+        model, a description that does not parse, or a window that is not
+        a multiple of ``block_size``."""
     def submit(
         self,
         request_id: int,
@@ -662,7 +681,18 @@ class Scheduler:
     @property
     def running_ids(self) -> list[int]: ...
     def block_table(self, request_id: int) -> list[int] | None:
-        """A running request's block table."""
+        """A running request's block table (its first KV cache group's)."""
+    def group_block_table(self, request_id: int, group: int) -> tuple[int, list[int]] | None:
+        """KV cache group ``group``'s table of a running request as
+        ``(first_block, blocks)``: the index of the first block it still
+        holds and the blocks from there on; ``None`` if it is not running
+        or there is no such group."""
+    def held_blocks_by_group(self) -> list[int]:
+        """Blocks the running requests hold, per KV cache group."""
+    @property
+    def kv_groups(self) -> list[tuple[str, int | None, int]] | None:
+        """The KV cache groups as ``(kind, span, layers)``; ``None`` for a
+        one-group scheduler."""
     def tokens(self, request_id: int) -> list[int] | None:
         """A running request's tokens, prompt and generated."""
     def run_decodes_in_place(self, max_steps: int, *, token: int = 0) -> tuple[int, int]:
@@ -770,11 +800,25 @@ def replay_serve(
     host_link_setup_us: float = ...,
     disk_link_gbps: float = ...,
     disk_link_setup_us: float = ...,
+    model: _Model | None = None,
+    groups: str | None = None,
+    kv_bytes_per_token_layer: int | str | None = None,
+    capacity_bytes: int | str | None = None,
+    full_attention_only: bool = False,
 ) -> dict[str, Any]:
     """Serve mode: arrivals at their timestamps into the scheduler, in
     simulated time (a 3M-token pool by default); the report of
     ``kvbm-sim serve --json``: TTFT and TPOT percentiles, throughput,
-    preemptions, hit rates. Releases the GIL while it runs."""
+    preemptions, hit rates. Releases the GIL while it runs.
+
+    ``model`` (a preset) or ``groups`` (the layers by kind, e.g.
+    ``"sliding_window:128:18,full:18"``, with ``kv_bytes_per_token_layer``)
+    runs the model's KV cache groups in ``capacity_bytes`` of KV memory
+    (an int or text such as ``"40G"``; not with ``capacity_blocks`` or
+    ``capacity_tokens``); ``full_attention_only`` treats every layer as
+    full attention at the same bytes. The report gains ``kv_groups`` and
+    ``peak_kv_bytes``. Raises ``InvalidArgumentError`` for options that do
+    not go together, as the command line refuses its flags."""
 
 def replay_cluster(
     trace: _TraceArg = None,
