@@ -49,7 +49,6 @@ impl<M> Scheduler<M> {
         }
         if let Some(index) = self.position(id) {
             let mut running = self.running.swap_remove(index);
-            self.running.reindex();
             if running.work.take().is_some() {
                 // Only unapplied work can be pending, so reverting succeeds;
                 // if it ever did not, dropping the sequence still returns

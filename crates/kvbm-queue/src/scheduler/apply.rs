@@ -126,7 +126,6 @@ impl<M> Scheduler<M> {
         self.counters.spec_accepted_tokens += report.accepted_draft_tokens as u64;
         // Requests cancelled while the engine ran end now, after their
         // computed work is committed (what they registered stays cached).
-        self.running.reindex();
         self.end_cancelled(&mut report.finished);
         debug!(step, finished = report.finished.len(), "step applied");
         self.record_metrics();

@@ -1,10 +1,12 @@
 //! [`RunningSet`]: the running requests and their position index, kept
-//! together so that every change to the order marks the index for rebuilding
-//! (it is rebuilt only when something changed, not after every step).
+//! together so that every change to the order drops the index, which the
+//! next lookup by id builds again (a step that looks nobody up by id, a
+//! simulated engine's, never builds it).
 
 use std::collections::HashMap;
 use std::ops::{Deref, Index, IndexMut};
 use std::slice::SliceIndex;
+use std::sync::OnceLock;
 
 use super::RequestId;
 use super::running::Running;
@@ -14,9 +16,9 @@ use super::running::Running;
 type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 
 /// Admitted requests holding blocks, in no particular order between steps,
-/// with an O(1) lookup by id. Reads go through the slice (`Deref`);
-/// changes to membership or order go through the methods below, which keep
-/// the index honest.
+/// with an O(1) lookup by id once the index is built. Reads go through the
+/// slice (`Deref`); changes to membership or order go through the methods
+/// below, which drop the index.
 ///
 /// Entries are boxed: a `Running` is hundreds of bytes, and removing one
 /// from the middle (a request finishing, the others kept in order) shifts
@@ -25,17 +27,18 @@ type Positions = HashMap<RequestId, usize, foldhash::fast::RandomState>;
 pub(super) struct RunningSet<M> {
     #[expect(clippy::vec_box, reason = "a removal shifts pointers, not entries")]
     list: Vec<Box<Running<M>>>,
-    positions: Positions,
-    /// Whether `list` changed since `positions` was built.
-    stale: bool,
+    /// Built by the first lookup after a change (lookups take `&self`, and
+    /// the scheduler stays `Sync`); a change takes it away. Rebuilding
+    /// after every step's admissions and finishes cost the all-at-once
+    /// replay about 1% of its instructions, for lookups it never made.
+    positions: OnceLock<Positions>,
 }
 
 impl<M> Default for RunningSet<M> {
     fn default() -> Self {
         Self {
             list: Vec::new(),
-            positions: Positions::default(),
-            stale: false,
+            positions: OnceLock::new(),
         }
     }
 }
@@ -43,18 +46,18 @@ impl<M> Default for RunningSet<M> {
 impl<M> RunningSet<M> {
     pub(super) fn push(&mut self, running: Running<M>) {
         self.list.push(Box::new(running));
-        self.stale = true;
+        self.changed();
     }
 
     /// Removes entry `index`, keeping the others' order.
     pub(super) fn remove(&mut self, index: usize) -> Running<M> {
-        self.stale = true;
+        self.changed();
         *self.list.remove(index)
     }
 
     /// Removes entry `index`, moving the last one into its place.
     pub(super) fn swap_remove(&mut self, index: usize) -> Running<M> {
-        self.stale = true;
+        self.changed();
         *self.list.swap_remove(index)
     }
 
@@ -63,7 +66,7 @@ impl<M> RunningSet<M> {
     pub(super) fn sort_by_key<K: Ord>(&mut self, mut key: impl FnMut(&Running<M>) -> K + Copy) {
         if !self.list.is_sorted_by_key(|running| key(running)) {
             self.list.sort_by_key(|running| key(running));
-            self.stale = true;
+            self.changed();
         }
     }
 
@@ -71,29 +74,33 @@ impl<M> RunningSet<M> {
         self.list.iter_mut()
     }
 
-    /// Rebuilds the position index if the list changed since it was built.
-    pub(super) fn reindex(&mut self) {
-        if !self.stale {
-            return;
-        }
-        self.positions.clear();
-        for (index, running) in self.list.iter().enumerate() {
-            self.positions.insert(running.id(), index);
-        }
-        self.stale = false;
+    /// The list changed: the index goes.
+    fn changed(&mut self) {
+        self.positions.take();
     }
 
-    /// Where `id` is. The index is checked against the entry, so a stale
-    /// index can only miss, never name another request.
+    /// The index, built now if the list changed since it last was.
+    fn positions(&self) -> &Positions {
+        self.positions.get_or_init(|| {
+            let mut positions = Positions::default();
+            positions.reserve(self.list.len());
+            for (index, running) in self.list.iter().enumerate() {
+                positions.insert(running.id(), index);
+            }
+            positions
+        })
+    }
+
+    /// Where `id` is.
     pub(super) fn position(&self, id: RequestId) -> Option<usize> {
-        let &index = self.positions.get(&id)?;
+        let &index = self.positions().get(&id)?;
         (self.list.get(index)?.id() == id).then_some(index)
     }
 
     /// Whether the index names exactly the entries where they are (for the
     /// scheduler's audit).
     pub(super) fn index_agrees(&self) -> bool {
-        self.positions.len() == self.list.len()
+        self.positions().len() == self.list.len()
             && (self.list.iter().enumerate()).all(|(i, r)| self.position(r.id()) == Some(i))
     }
 }

@@ -78,7 +78,6 @@ impl<M> Scheduler<M> {
             tiers.take_planned(&mut plan.transfers);
         }
         self.next_step += 1;
-        self.running.reindex();
         self.pending = Some(PendingStep {
             step: plan.step,
             prefills: plan.prefill.len(),
