@@ -193,8 +193,8 @@ fn a_window_released_at_registration_sends_no_fresh_table() {
     let mut fresh_tables = Vec::new();
     while !s.is_idle() {
         let plan = s.step().unwrap();
-        let entries = (plan.prefill.iter().map(|p| p.resumed))
-            .chain(plan.decode.iter().map(|d| d.resumed));
+        let entries =
+            (plan.prefill.iter().map(|p| p.resumed)).chain(plan.decode.iter().map(|d| d.resumed));
         fresh_tables.extend(entries);
         engine.follow(&plan);
         if let Some(id) = s.running_ids().next() {
@@ -361,8 +361,10 @@ fn a_reused_plan_with_groups_is_the_plan_step_returns() {
         let expected = fresh.step().unwrap();
         reused.step_into(&mut plan).unwrap();
         assert_eq!(plan, expected);
-        let works = (plan.prefill.iter().map(|p| (p.resumed, &p.new_blocks, &p.groups)))
-            .chain(plan.decode.iter().map(|d| (d.resumed, &d.new_blocks, &d.groups)));
+        let prefills = plan.prefill.iter();
+        let decodes = plan.decode.iter();
+        let works = (prefills.map(|p| (p.resumed, &p.new_blocks, &p.groups)))
+            .chain(decodes.map(|d| (d.resumed, &d.new_blocks, &d.groups)));
         for (fresh_table, new_blocks, groups) in works {
             // Every group or none: none exactly when no table changes.
             match groups.first() {
