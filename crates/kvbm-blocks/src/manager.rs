@@ -754,7 +754,33 @@ impl<M> BlockManager<M> {
     /// The longest prefix of `hashes` that is registered, pinned. Cached
     /// blocks in it are revived (they leave the inactive pool).
     pub fn match_blocks(&self, hashes: &[SequenceHash]) -> ImmutableBlocks<M> {
-        let mut infos = Vec::with_capacity(hashes.len());
+        self.match_blocks_with_capacity(hashes, 0)
+    }
+
+    /// [`match_blocks`](Self::match_blocks) into a batch with room for at
+    /// least `capacity` blocks: the start of a block table that grows by
+    /// registration ([`register_front_onto`](Self::register_front_onto))
+    /// without reallocating and copying the matched blocks.
+    ///
+    /// ```
+    /// use kvbm_blocks::{BlockManager, SequenceHash};
+    /// # struct Gpu;
+    /// let pool = BlockManager::<Gpu>::builder().block_count(8).build()?;
+    /// let hashes = [SequenceHash::root(1)];
+    /// drop(pool.store_blocks(&hashes)?);
+    /// let table = pool.match_blocks_with_capacity(&hashes, 6);
+    /// assert_eq!(table.len(), 1);
+    /// # Ok::<(), kvbm_blocks::BlockError>(())
+    /// ```
+    pub fn match_blocks_with_capacity(
+        &self,
+        hashes: &[SequenceHash],
+        capacity: usize,
+    ) -> ImmutableBlocks<M> {
+        // At most the pool's blocks: a caller's capacity is a hint, not an
+        // allocation in proportion to what it declares.
+        let room = capacity.min(self.total_blocks()).max(hashes.len());
+        let mut infos = Vec::with_capacity(room);
         self.shared.lock().match_prefix(hashes, &mut infos);
         trace!(requested = hashes.len(), matched = infos.len(), "matched");
         ImmutableBlocks::from_refs(self.shared.clone(), infos)

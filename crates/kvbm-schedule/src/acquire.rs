@@ -126,7 +126,14 @@ impl<M> SchedulableSequence<M> {
         if hashes.is_empty() {
             return Ok(0);
         }
-        let matched = manager.match_blocks(hashes);
+        // A match that starts the table gets room for all of it, so that
+        // registering the rest never copies the matched blocks.
+        let capacity = match self.inner.assigned_blocks() {
+            0 => (self.inner.sequence().block_capacity())
+                .saturating_sub(self.inner.skipped_blocks()),
+            _ => 0,
+        };
+        let matched = manager.match_blocks_with_capacity(hashes, capacity);
         let count = matched.len();
         if count == 0 {
             return Ok(0);
