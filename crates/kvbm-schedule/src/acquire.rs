@@ -129,8 +129,9 @@ impl<M> SchedulableSequence<M> {
         // A match that starts the table gets room for all of it, so that
         // registering the rest never copies the matched blocks.
         let capacity = match self.inner.assigned_blocks() {
-            0 => (self.inner.sequence().block_capacity())
-                .saturating_sub(self.inner.skipped_blocks()),
+            0 => {
+                (self.inner.sequence().block_capacity()).saturating_sub(self.inner.skipped_blocks())
+            }
             _ => 0,
         };
         let matched = manager.match_blocks_with_capacity(hashes, capacity);

@@ -42,6 +42,13 @@ fn scheduler(blocks: usize, config: SchedulerConfig) -> Scheduler<Gpu> {
     Scheduler::with_kv_groups(pool(blocks), config, full_and_window()).expect("valid")
 }
 
+/// Submits request 1: tokens 0..40 (ten blocks), up to `max_new` more.
+fn submit_forty_tokens(s: &mut Scheduler<Gpu>, max_new: u32) {
+    let prompt: Vec<u32> = (0..40).collect();
+    s.submit(InferenceRequest::new(RequestId(1), prompt, max_new))
+        .unwrap();
+}
+
 /// An engine's view of one request's table in each group, kept only from
 /// the plans' updates.
 #[derive(Default)]
@@ -137,12 +144,7 @@ fn slots_are_in_each_groups_table(s: &Scheduler<Gpu>, plan: &StepPlan) {
 #[test]
 fn a_window_group_holds_its_window_and_the_engine_tables_follow() {
     let mut s = scheduler(64, SchedulerConfig::default().with_chunk_size(8));
-    s.submit(InferenceRequest::new(
-        RequestId(1),
-        (0..40).collect::<Vec<u32>>(),
-        12,
-    ))
-    .unwrap();
+    submit_forty_tokens(&mut s, 12);
     let mut engine = EngineTables::default();
     let mut most_window_blocks = 0;
     for _ in 0..40 {
@@ -183,12 +185,7 @@ fn a_window_released_at_registration_sends_no_fresh_table() {
     // entry starts a table, however many blocks its window released while
     // they were registered (the whole prompt in one chunk, then decodes).
     let mut s = scheduler(64, SchedulerConfig::default());
-    s.submit(InferenceRequest::new(
-        RequestId(1),
-        (0..40).collect::<Vec<u32>>(),
-        12,
-    ))
-    .unwrap();
+    submit_forty_tokens(&mut s, 12);
     let mut engine = EngineTables::default();
     let mut fresh_tables = Vec::new();
     while !s.is_idle() {
@@ -210,12 +207,7 @@ fn a_window_released_at_registration_sends_no_fresh_table() {
 #[test]
 fn a_prefix_hit_counts_as_far_as_every_group_serves_it() {
     let mut s = scheduler(64, SchedulerConfig::default());
-    s.submit(InferenceRequest::new(
-        RequestId(1),
-        (0..40).collect::<Vec<u32>>(),
-        1,
-    ))
-    .unwrap();
+    submit_forty_tokens(&mut s, 1);
     while !s.is_idle() {
         let plan = s.step().unwrap();
         s.apply(&outputs(&plan)).unwrap();
