@@ -184,6 +184,11 @@ impl StepPlan {
     pub(crate) fn new(plan: RustPlan) -> Self {
         Self { plan }
     }
+
+    /// The Rust plan, for the scheduler's lookups of the pending step.
+    pub(crate) fn inner(&self) -> &RustPlan {
+        &self.plan
+    }
 }
 
 #[pymethods]

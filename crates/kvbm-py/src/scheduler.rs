@@ -10,13 +10,13 @@ use std::sync::{Arc, Mutex};
 
 use kvbm_blocks::{BlockManager, EventSubscription};
 use kvbm_queue::{
-    EngineOutput, GenerationReserve, InferenceRequest, Preemption, RequestId,
+    EngineOutput, GenerationReserve, InferenceRequest, PAD_SLOT, Preemption, RequestId,
     Scheduler as RustScheduler, SchedulerConfig, SubmitHandle,
 };
 use kvbm_sequence::{AttentionKind, KvCacheGroups};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::Device;
 use crate::args::{Count, SaltArg, Tokens, U32, U64, priority};
@@ -373,6 +373,42 @@ impl Scheduler {
             .scheduler
             .block_table(RequestId(request_id.0))?;
         Some(table.into_iter().map(|id| id.get()).collect())
+    }
+
+    /// The pending step's slot mapping (vLLM's ``slot_mapping``) in KV
+    /// cache group ``group``: the KV slot (``block id × block size +
+    /// offset``) of every token ``plan`` computes, in the plan's order
+    /// (prefill chunks, then decodes), as an ``array.array('q')`` of
+    /// int64 (``numpy.frombuffer`` and ``torch.frombuffer`` take it without
+    /// a copy). A token of a request that left after planning, or of a
+    /// group the model does not have, gets -1 (vLLM's ``PAD_SLOT_ID``).
+    /// Raises ``SchedulerError`` unless ``plan`` is the step awaiting
+    /// ``apply``.
+    #[pyo3(signature = (plan, group = Count(0)))]
+    fn slot_mapping<'py>(
+        &self,
+        py: Python<'py>,
+        plan: &StepPlan,
+        group: Count,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut slots = Vec::new();
+        lock(&self.state, py)
+            .scheduler
+            .group_slot_mapping(plan.inner(), group.0, &mut slots)
+            .map_err(Error::from)?;
+        let bytes: Vec<u8> = (slots.iter())
+            .flat_map(|&slot| {
+                let slot = match slot {
+                    PAD_SLOT => -1,
+                    // A slot is a block id times the block size plus an
+                    // offset: far below 2^63.
+                    slot => i64::try_from(slot).unwrap_or(-1),
+                };
+                slot.to_ne_bytes()
+            })
+            .collect();
+        let array = py.import("array")?.getattr("array")?;
+        array.call1(("q", PyBytes::new(py, &bytes)))
     }
 
     /// KV cache group ``group``'s table of a running request, as

@@ -306,3 +306,35 @@ def test_decodes_in_place_refuse_what_they_cannot_run():
         scheduler.run_decodes_in_place(-1)
     with pytest.raises(ValueError):
         scheduler.run_decodes_in_place(1, token=2**32)
+
+
+@pytest.mark.parametrize("groups", [None, WINDOW_MODEL])
+def test_slot_mapping_puts_every_token_in_its_block(groups):
+    scheduler = kvbm.Scheduler(256, 16, groups=groups, max_running=4, chunk_size=48)
+    for i in range(5):
+        scheduler.submit(i, SYSTEM + [2000 + i] * (30 + 7 * i), 20)
+    group_count = 2 if groups else 1
+    steps = 0
+    while not scheduler.is_idle:
+        plan = scheduler.step()
+        steps += 1
+        for group in range(group_count):
+            slots = scheduler.slot_mapping(plan, group)
+            assert slots.typecode == "q" and len(slots) == plan.num_tokens
+            at = 0
+            for work in plan:
+                first, table = scheduler.group_block_table(work.request_id, group)
+                if isinstance(work, kvbm.PrefillWork):
+                    positions = range(work.start, work.start + work.num_tokens)
+                else:
+                    positions = range(work.position, work.position + 1 + work.draft_tokens)
+                for position in positions:
+                    block = table[position // 16 - first]
+                    assert slots[at] == block * 16 + position % 16
+                    at += 1
+        # A group the model does not have pads every token.
+        assert set(scheduler.slot_mapping(plan, group_count)) <= {-1}
+        scheduler.apply(plan.sample_all(7))
+        with pytest.raises(kvbm.SchedulerError):
+            scheduler.slot_mapping(plan)  # applied: no longer pending
+    assert steps > 5

@@ -15,6 +15,7 @@ Every class is thread-safe; long calls release the GIL. Every refusal is a
 ``KvbmError`` subclass carrying the Rust error's message.
 """
 
+import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence as _Seq
 from os import PathLike
 from typing import Any, Literal, Union, final
@@ -689,6 +690,14 @@ class Scheduler:
         or there is no such group."""
     def held_blocks_by_group(self) -> list[int]:
         """Blocks the running requests hold, per KV cache group."""
+    def slot_mapping(self, plan: StepPlan, group: int = 0) -> array.array[int]:
+        """The pending step's slot mapping (vLLM's ``slot_mapping``) in KV
+        cache group ``group``: the KV slot (``block id × block size +
+        offset``) of every token ``plan`` computes, prefill chunks first,
+        as an ``array.array('q')`` of int64; -1 (vLLM's ``PAD_SLOT_ID``)
+        for a token of a request that left after planning or of a group
+        the model does not have. Raises ``SchedulerError`` unless ``plan``
+        is the step awaiting ``apply``."""
     @property
     def kv_groups(self) -> list[tuple[str, int | None, int]] | None:
         """The KV cache groups as ``(kind, span, layers)``; ``None`` for a
