@@ -338,3 +338,17 @@ def test_slot_mapping_puts_every_token_in_its_block(groups):
         with pytest.raises(kvbm.SchedulerError):
             scheduler.slot_mapping(plan)  # applied: no longer pending
     assert steps > 5
+
+
+def test_slot_mapping_pads_a_request_aborted_mid_step():
+    scheduler = kvbm.Scheduler(64, 16)
+    scheduler.submit(0, list(range(40)), 4)
+    scheduler.submit(1, list(range(100, 130)), 4)
+    plan = scheduler.step()
+    before = scheduler.slot_mapping(plan)
+    scheduler.abort(1)  # after planning, before the engine reports
+    after = scheduler.slot_mapping(plan)
+    assert len(after) == len(before) == 70
+    assert list(after[:40]) == list(before[:40])  # request 0's chunk, unchanged
+    assert list(after[40:]) == [-1] * 30  # vLLM's PAD_SLOT_ID
+    scheduler.apply({0: 7})
