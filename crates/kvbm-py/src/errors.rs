@@ -200,9 +200,13 @@ impl From<QueueError> for Error {
 impl From<RustSchedulerError> for Error {
     fn from(error: RustSchedulerError) -> Self {
         let kind = match &error {
-            RustSchedulerError::ZeroLimit { .. } | RustSchedulerError::InvalidCost { .. } => {
-                Kind::Invalid
-            }
+            RustSchedulerError::ZeroLimit { .. }
+            | RustSchedulerError::InvalidCost { .. }
+            | RustSchedulerError::Tier(
+                kvbm_tiers::TierError::InvalidTier { .. }
+                | kvbm_tiers::TierError::DuplicateMedium(_)
+                | kvbm_tiers::TierError::TooManyTiers(_),
+            ) => Kind::Invalid,
             RustSchedulerError::Queue(inner) => queue_kind(inner),
             RustSchedulerError::Block(inner) => block_kind(inner),
             _ => Kind::Scheduler,

@@ -35,6 +35,7 @@ mod pool;
 mod scheduler;
 mod sequence;
 mod sim;
+mod transfers;
 mod vllm_pool;
 
 use pyo3::prelude::*;
@@ -70,6 +71,7 @@ fn kvbm(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<plan::PrefillWork>()?;
     module.add_class::<plan::DecodeWork>()?;
     module.add_class::<plan::Finished>()?;
+    module.add_class::<transfers::Transfer>()?;
     module.add_class::<sim::Trace>()?;
     module.add_class::<vllm_pool::VllmBlockPool>()?;
     module.add_function(wrap_pyfunction!(block_hashes, module)?)?;

@@ -220,6 +220,17 @@ impl StepPlan {
             .collect()
     }
 
+    /// Copies between tiers to run (a scheduler with lower tiers): the
+    /// stores of blocks registered since the last plan and the loads of
+    /// requests onboarding. Report each with ``Scheduler.report_transfers``
+    /// when it ends, this step or a later one.
+    #[getter]
+    fn transfers(&self) -> Vec<crate::transfers::Transfer> {
+        (self.plan.transfers.iter())
+            .map(crate::transfers::Transfer::from)
+            .collect()
+    }
+
     /// Ids of the requests preempted this step (they wait again).
     #[getter]
     fn preempted(&self) -> Vec<u64> {

@@ -143,6 +143,20 @@ impl Scheduler {
     /// ``"never"`` or ``"priority"`` (a waiting request may preempt less
     /// urgent running ones). With ``events=True`` the pool's cache events
     /// are kept for ``take_events``.
+    ///
+    /// ``model`` (a preset's name, as ``replay_serve``'s) or ``groups``
+    /// (its layers by kind, e.g. ``"sliding_window:128:18,full:18"``) runs
+    /// the model's KV cache groups: each request holds a block table per
+    /// group, and a sliding window's blocks behind it go back to the cache
+    /// as it advances.
+    ///
+    /// ``host_blocks`` (and below it ``disk_blocks``) adds lower tiers:
+    /// blocks are copied down as ``offload`` says (``"write-through"``,
+    /// ``"write-back"`` or ``"selective:K"``), and a request whose prefix a
+    /// lower tier holds waits onboarding (at most ``max_onboarding_blocks``
+    /// loads at once, ``load_timeout_steps`` steps) while the engine runs
+    /// the plans' ``transfers`` and reports them (``report_transfers``).
+    /// Not with ``model`` or ``groups``.
     #[new]
     #[pyo3(signature = (
         num_blocks,
@@ -160,7 +174,12 @@ impl Scheduler {
         events = false,
         model = None,
         groups = None,
-    ), text_signature = "(num_blocks, block_size=16, *, max_running=256, token_budget=8192, chunk_size=2048, watermark_blocks=None, reserve=None, prefix_credit=True, speculative_tokens=0, preemption='never', eviction='lru', events=False, model=None, groups=None)")]
+        host_blocks = None,
+        disk_blocks = None,
+        offload = "write-through",
+        max_onboarding_blocks = Count(4096),
+        load_timeout_steps = U64(256),
+    ), text_signature = "(num_blocks, block_size=16, *, max_running=256, token_budget=8192, chunk_size=2048, watermark_blocks=None, reserve=None, prefix_credit=True, speculative_tokens=0, preemption='never', eviction='lru', events=False, model=None, groups=None, host_blocks=None, disk_blocks=None, offload='write-through', max_onboarding_blocks=4096, load_timeout_steps=256)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: Count,
@@ -177,8 +196,20 @@ impl Scheduler {
         events: bool,
         model: Option<&str>,
         groups: Option<&str>,
+        host_blocks: Option<Count>,
+        disk_blocks: Option<Count>,
+        offload: &str,
+        max_onboarding_blocks: Count,
+        load_timeout_steps: U64,
     ) -> PyResult<Self> {
         let groups = kv_groups(model, groups, block_size.0)?;
+        let tiers = crate::transfers::tiers_config(
+            host_blocks,
+            disk_blocks,
+            offload,
+            max_onboarding_blocks,
+            load_timeout_steps,
+        )?;
         let manager = crate::pool::manager(
             num_blocks.0,
             block_size.0,
@@ -210,9 +241,16 @@ impl Scheduler {
             }
         };
         let events = events.then(|| manager.subscribe_events(1024));
-        let mut scheduler = match groups {
-            Some(groups) => RustScheduler::with_kv_groups(manager.clone(), config, groups),
-            None => RustScheduler::new(manager.clone(), config),
+        let mut scheduler = match (groups, tiers) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(
+                    "KV cache groups with lower tiers are not supported: give model/groups or host_blocks",
+                )
+                .into());
+            }
+            (Some(groups), None) => RustScheduler::with_kv_groups(manager.clone(), config, groups),
+            (None, Some(tiers)) => RustScheduler::with_tiers(manager.clone(), config, tiers),
+            (None, None) => RustScheduler::new(manager.clone(), config),
         }
         .map_err(Error::from)?;
         // No recorder is installed from Python: skip the reads metrics need.
@@ -373,6 +411,65 @@ impl Scheduler {
             .scheduler
             .block_table(RequestId(request_id.0))?;
         Some(table.into_iter().map(|id| id.get()).collect())
+    }
+
+    /// Reports the engine's transfers (``StepPlan.transfers``): the ids in
+    /// ``completed`` copied every block, those in ``failed`` did not (none
+    /// of their blocks count; a request waiting for a failed load computes
+    /// its prefix instead). All or nothing: an id never planned, already
+    /// reported or given twice raises ``SchedulerError`` and nothing
+    /// changes. Any time, between steps or while a step runs.
+    #[pyo3(signature = (completed = Vec::new(), failed = Vec::new()))]
+    fn report_transfers(
+        &self,
+        py: Python<'_>,
+        completed: Vec<U64>,
+        failed: Vec<U64>,
+    ) -> PyResult<()> {
+        let reports = crate::transfers::reports(&completed, &failed);
+        lock(&self.state, py)
+            .scheduler
+            .report_transfers(&reports)
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Transfers planned since the last ``step`` (the stores of blocks the
+    /// last ``apply`` registered), for an engine that starts them at once
+    /// rather than with the next plan.
+    fn take_transfers(&self, py: Python<'_>) -> Vec<crate::transfers::Transfer> {
+        let mut transfers = Vec::new();
+        lock(&self.state, py)
+            .scheduler
+            .take_transfers(&mut transfers);
+        (transfers.iter())
+            .map(crate::transfers::Transfer::from)
+            .collect()
+    }
+
+    /// Transfers planned and not yet reported.
+    #[getter]
+    fn transfers_in_flight(&self, py: Python<'_>) -> usize {
+        lock(&self.state, py).scheduler.transfers_in_flight()
+    }
+
+    /// What onboarding did, as a dict: ``requests`` that waited for loads,
+    /// the ``blocks`` they waited for, ``loaded_from`` (blocks planned per
+    /// lower tier, host first), ``timeouts``, ``stall_steps`` and
+    /// ``declined`` (prefixes the cost model chose to recompute).
+    fn onboard_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = lock(&self.state, py).scheduler.onboard_stats();
+        let dict = PyDict::new(py);
+        dict.set_item("requests", stats.requests)?;
+        dict.set_item("blocks", stats.blocks)?;
+        dict.set_item(
+            "loaded_from",
+            stats.loaded_from.get(1..3).unwrap_or_default(),
+        )?;
+        dict.set_item("timeouts", stats.timeouts)?;
+        dict.set_item("stall_steps", stats.stall_steps)?;
+        dict.set_item("declined", stats.declined)?;
+        Ok(dict)
     }
 
     /// The pending step's slot mapping (vLLM's ``slot_mapping``) in KV

@@ -352,3 +352,93 @@ def test_slot_mapping_pads_a_request_aborted_mid_step():
     assert list(after[:40]) == list(before[:40])  # request 0's chunk, unchanged
     assert list(after[40:]) == [-1] * 30  # vLLM's PAD_SLOT_ID
     scheduler.apply({0: 7})
+
+
+def serve_with_transfers(scheduler, fail_loads=False, max_steps=10_000):
+    """Steps until idle, running every planned transfer at once: stores
+    complete; loads complete, or fail with ``fail_loads``. Returns the
+    transfers seen."""
+    seen = []
+    for _ in range(max_steps):
+        if scheduler.is_idle and scheduler.transfers_in_flight == 0:
+            return seen
+        plan = scheduler.step()
+        seen += plan.transfers
+        loads = [t.transfer_id for t in plan.transfers if t.kind == "load"]
+        stores = [t.transfer_id for t in plan.transfers if t.kind == "store"]
+        if fail_loads:
+            scheduler.report_transfers(completed=stores, failed=loads)
+        else:
+            scheduler.report_transfers(completed=stores + loads)
+        scheduler.apply(plan.sample_all(7))
+    raise AssertionError("the scheduler did not go idle")
+
+
+def test_a_host_tier_onboards_a_prefix_the_device_evicted():
+    # 16 device blocks, a 64-block host: request 0's four prompt blocks are
+    # written through, then pushed off the device by other requests.
+    scheduler = kvbm.Scheduler(16, 16, host_blocks=64, watermark_blocks=0)
+    scheduler.submit(0, SYSTEM + [5], 2)
+    stores = serve_with_transfers(scheduler)
+    assert stores and all(t.kind == "store" and (t.source, t.destination) == (0, 1) for t in stores)
+    assert sum(t.num_blocks for t in stores) >= 4
+    for i in range(1, 4):
+        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
+    serve_with_transfers(scheduler)
+    # The prompt again: its prefix is on the host only, so it onboards.
+    scheduler.submit(9, SYSTEM + [6], 2)
+    plan = scheduler.step()
+    loads = [t for t in plan.transfers if t.kind == "load"]
+    assert len(loads) == 1 and (loads[0].source, loads[0].destination) == (1, 0)
+    assert loads[0].num_blocks == 4 and len(loads[0].hashes) == 4
+    assert scheduler.census()["onboarding"] == 1
+    assert 9 not in plan.request_ids  # it waits for its loads
+    scheduler.apply(plan.sample_all(7))
+    scheduler.report_transfers(completed=[loads[0].transfer_id])
+    with pytest.raises(kvbm.SchedulerError):
+        scheduler.report_transfers(completed=[loads[0].transfer_id])  # twice
+    plan = scheduler.step()
+    (prefill,) = [w for w in plan.prefill if w.request_id == 9]
+    assert prefill.start == 64  # only the rest is computed
+    scheduler.apply(plan.sample_all(7))
+    serve_with_transfers(scheduler)
+    stats = scheduler.onboard_stats()
+    assert stats["requests"] == 1 and stats["blocks"] == 4 and stats["loaded_from"][0] == 4
+    assert scheduler.audit()["finished"] == 5
+
+
+def test_a_failed_load_is_recomputed_and_bad_reports_change_nothing():
+    scheduler = kvbm.Scheduler(16, 16, host_blocks=64, watermark_blocks=0)
+    scheduler.submit(0, SYSTEM + [5], 2)
+    serve_with_transfers(scheduler)
+    for i in range(1, 4):
+        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
+    serve_with_transfers(scheduler)
+    with pytest.raises(kvbm.SchedulerError):
+        scheduler.report_transfers(completed=[10**9])  # never planned
+    scheduler.submit(9, SYSTEM + [6], 2)
+    seen = serve_with_transfers(scheduler, fail_loads=True)
+    assert any(t.kind == "load" for t in seen)
+    census = scheduler.audit()
+    assert census["finished"] == 5 and census["prefix_hit_tokens"] == 0
+    assert scheduler.transfers_in_flight == 0
+
+
+def test_tier_options_are_checked():
+    for kwargs in [
+        {"host_blocks": 0},
+        {"disk_blocks": 8},
+        {"host_blocks": 8, "offload": "sometimes"},
+        {"host_blocks": 8, "model": "gpt-oss-20b"},
+        {"host_blocks": 8, "max_onboarding_blocks": 0},
+        {"host_blocks": -1},
+    ]:
+        with pytest.raises(kvbm.InvalidArgumentError):
+            kvbm.Scheduler(16, 16, **kwargs)
+    with pytest.raises(TypeError):
+        kvbm.Scheduler(16, 16, host_blocks="many")
+    plain = kvbm.Scheduler(16, 16)
+    with pytest.raises(kvbm.SchedulerError):
+        plain.report_transfers(completed=[0])  # no tiers: nothing planned
+    plain.report_transfers()  # nothing to report is fine
+    assert plain.transfers_in_flight == 0 and plain.take_transfers() == []

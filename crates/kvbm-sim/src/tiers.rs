@@ -50,7 +50,8 @@ pub enum Offload {
 }
 
 impl Offload {
-    pub(crate) fn policy(self) -> OffloadPolicy {
+    /// The tiers' policy it names.
+    pub fn policy(self) -> OffloadPolicy {
         match self {
             Self::WriteThrough => OffloadPolicy::WriteThrough,
             Self::WriteBack => OffloadPolicy::WriteBack,

@@ -554,6 +554,32 @@ class DecodeWork:
         """As ``PrefillWork.groups``."""
 
 @final
+class Transfer:
+    """A copy between tiers the engine runs, then reports by
+    ``transfer_id`` (``Scheduler.report_transfers``). ``kind`` is
+    ``"store"`` (down the tiers) or ``"load"`` (up to the device, for a
+    request onboarding); ``source`` and ``destination`` are tier levels (0
+    the device, 1 the host, 2 the disk); ``runs`` are ``(source_block,
+    destination_block, blocks)`` of consecutive ids on both sides, one copy
+    each; ``hashes`` are the blocks' chained hashes in the runs' order.
+    Until it is reported its sources are pinned and its destinations held."""
+
+    @property
+    def transfer_id(self) -> int: ...
+    @property
+    def kind(self) -> Literal["store", "load"]: ...
+    @property
+    def source(self) -> int: ...
+    @property
+    def destination(self) -> int: ...
+    @property
+    def runs(self) -> list[tuple[int, int, int]]: ...
+    @property
+    def hashes(self) -> list[int]: ...
+    @property
+    def num_blocks(self) -> int: ...
+
+@final
 class StepPlan:
     """One engine iteration. Iterating yields the prefill chunks, then the
     decodes; ``len()`` counts them."""
@@ -567,6 +593,11 @@ class StepPlan:
     @property
     def request_ids(self) -> list[int]:
         """Ids of the requests scheduled, prefill chunks first."""
+    @property
+    def transfers(self) -> list[Transfer]:
+        """Copies between tiers to run (a scheduler with lower tiers): the
+        stores of blocks registered since the last plan and the loads of
+        requests onboarding. Report each when it ends."""
     @property
     def preempted(self) -> list[int]:
         """Requests preempted this step (their blocks are gone; they wait)."""
@@ -630,6 +661,11 @@ class Scheduler:
         events: bool = False,
         model: _Model | None = None,
         groups: str | None = None,
+        host_blocks: int | None = None,
+        disk_blocks: int | None = None,
+        offload: str = "write-through",
+        max_onboarding_blocks: int = 4096,
+        load_timeout_steps: int = 256,
     ) -> Scheduler:
         """A scheduler over a new pool of ``num_blocks`` blocks. The limits
         default to vLLM's; ``watermark_blocks`` defaults to 1% of the pool,
@@ -641,7 +677,15 @@ class Scheduler:
         group, and a sliding window's blocks behind it go back to the cache
         as it advances. Raises ``InvalidArgumentError`` for an unknown
         model, a description that does not parse, or a window that is not
-        a multiple of ``block_size``."""
+        a multiple of ``block_size``.
+
+        ``host_blocks`` (and below it ``disk_blocks``) adds lower tiers:
+        blocks are copied down as ``offload`` says (``"write-through"``,
+        ``"write-back"`` or ``"selective:K"``), and a request whose prefix a
+        lower tier holds waits onboarding (``census()["onboarding"]``; at
+        most ``max_onboarding_blocks`` loads at once, ``load_timeout_steps``
+        steps) while the engine runs the plans' ``transfers`` and reports
+        them with ``report_transfers``. Not with ``model`` or ``groups``."""
     def submit(
         self,
         request_id: int,
@@ -690,6 +734,24 @@ class Scheduler:
         or there is no such group."""
     def held_blocks_by_group(self) -> list[int]:
         """Blocks the running requests hold, per KV cache group."""
+    def report_transfers(
+        self, completed: Iterable[int] = (), failed: Iterable[int] = ()
+    ) -> None:
+        """Reports the engine's transfers by id: ``completed`` copied every
+        block, ``failed`` did not (none of their blocks count; a request
+        waiting for a failed load computes its prefix instead). All or
+        nothing: an id never planned, already reported or given twice
+        raises ``SchedulerError`` and nothing changes."""
+    def take_transfers(self) -> list[Transfer]:
+        """Transfers planned since the last ``step``, for an engine that
+        starts them at once rather than with the next plan."""
+    @property
+    def transfers_in_flight(self) -> int:
+        """Transfers planned and not yet reported."""
+    def onboard_stats(self) -> dict[str, Any]:
+        """``requests`` that waited for loads, the ``blocks`` they waited
+        for, ``loaded_from`` (per lower tier, host first), ``timeouts``,
+        ``stall_steps`` and ``declined``."""
     def slot_mapping(self, plan: StepPlan, group: int = 0) -> array.array[int]:
         """The pending step's slot mapping (vLLM's ``slot_mapping``) in KV
         cache group ``group``: the KV slot (``block id × block size +
