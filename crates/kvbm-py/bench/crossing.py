@@ -146,6 +146,13 @@ def main():
 
         row("Scheduler.step + apply (outputs prebuilt)", running, best_ns(step_prebuilt, max(20, 2000 // running)))
 
+        def step_with_slots():
+            plan = scheduler.step()
+            scheduler.slot_mapping(plan)
+            scheduler.apply(outputs)
+
+        row("Scheduler.step + slot_mapping + apply", running, best_ns(step_with_slots, max(20, 2000 // running)))
+
     vllm_pool_rows()
 
 

@@ -16,7 +16,8 @@ use kvbm_queue::{
 use kvbm_sequence::{AttentionKind, KvCacheGroups};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 
 use crate::Device;
 use crate::args::{Count, SaltArg, Tokens, U32, U64, priority};
@@ -29,6 +30,9 @@ use crate::plan::{Finished, StepPlan, StepReport};
 /// release the GIL: below it, a step takes microseconds and handing the
 /// GIL to another thread would cost more than it frees.
 const DETACH_REQUESTS: u64 = 64;
+
+/// `array.array`, looked up once: `slot_mapping` returns one per step.
+static ARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// The scheduler and what it publishes, under one lock.
 #[derive(Debug)]
@@ -493,19 +497,23 @@ impl Scheduler {
             .scheduler
             .group_slot_mapping(plan.inner(), group.0, &mut slots)
             .map_err(Error::from)?;
-        let bytes: Vec<u8> = (slots.iter())
-            .flat_map(|&slot| {
+        let len = slots
+            .len()
+            .checked_mul(8)
+            .ok_or_else(|| Error::invalid("slot mapping too large"))?;
+        let bytes = PyBytes::new_with(py, len, |buffer| {
+            for (out, &slot) in buffer.chunks_exact_mut(8).zip(&slots) {
                 let slot = match slot {
                     PAD_SLOT => -1,
                     // A slot is a block id times the block size plus an
                     // offset: far below 2^63.
                     slot => i64::try_from(slot).unwrap_or(-1),
                 };
-                slot.to_ne_bytes()
-            })
-            .collect();
-        let array = py.import("array")?.getattr("array")?;
-        array.call1(("q", PyBytes::new(py, &bytes)))
+                out.copy_from_slice(&slot.to_ne_bytes());
+            }
+            Ok(())
+        })?;
+        ARRAY.import(py, "array", "array")?.call1(("q", bytes))
     }
 
     /// KV cache group ``group``'s table of a running request, as
