@@ -598,10 +598,7 @@ pub(crate) fn replay_serve<'py>(
             })
             .into());
         }
-        config = config.with_kv(kv);
-        config.validate().map_err(Error::from)?;
-        // Refuse a pool that cannot be built before replaying.
-        config.capacity_blocks().map_err(Error::from)?;
+        config = config.with_checked_kv(kv).map_err(Error::from)?;
     }
     run(py, move || {
         let report = kvbm_sim::mode::serve::replay_with_data_plane(

@@ -541,11 +541,7 @@ impl ServeArgs {
                 with: "the data plane (--data-plane)",
             });
         }
-        let config = config.with_kv(kv);
-        config.validate()?;
-        // Refuse a pool that cannot be built before loading the trace.
-        config.capacity_blocks()?;
-        Ok(config)
+        config.with_checked_kv(kv)
     }
 }
 

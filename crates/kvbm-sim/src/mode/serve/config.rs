@@ -151,6 +151,21 @@ impl ServeConfig {
         self
     }
 
+    /// [`with_kv`](Self::with_kv), refusing at once a configuration the
+    /// layout does not fit and a pool that cannot be built (before a
+    /// front end loads a trace for it).
+    ///
+    /// # Errors
+    ///
+    /// As [`validate`](Self::validate) and
+    /// [`capacity_blocks`](Self::capacity_blocks).
+    pub fn with_checked_kv(self, kv: KvSetup) -> Result<Self, SimError> {
+        let config = self.with_kv(kv);
+        config.validate()?;
+        config.capacity_blocks()?;
+        Ok(config)
+    }
+
     /// The pool's size in blocks: [`capacity`](Self::capacity)'s, or what
     /// [`kv`](Self::kv)'s bytes buy.
     ///
