@@ -13,7 +13,7 @@ use kvbm_queue::{
     EngineOutput, GenerationReserve, InferenceRequest, PAD_SLOT, Preemption, RequestId,
     Scheduler as RustScheduler, SchedulerConfig, SubmitHandle,
 };
-use kvbm_sequence::{AttentionKind, KvCacheGroups};
+use kvbm_sequence::KvCacheGroups;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -75,16 +75,6 @@ fn kv_groups(
     .map_err(Error::from)?;
     let groups = model.groups(block_size).map_err(Error::from)?;
     Ok(Some(Arc::new(groups)))
-}
-
-/// An attention kind as ``(kind, span)``: ``("full", None)``,
-/// ``("sliding_window", window)`` or ``("chunked_local", chunk)``.
-fn kind_tuple(kind: AttentionKind) -> (&'static str, Option<usize>) {
-    match kind {
-        AttentionKind::SlidingWindow { window } => ("sliding_window", Some(window)),
-        AttentionKind::ChunkedLocal { chunk } => ("chunked_local", Some(chunk)),
-        _ => ("full", None),
-    }
 }
 
 /// `full` or a token cap.
@@ -548,10 +538,7 @@ impl Scheduler {
         let groups = state.scheduler.kv_groups()?;
         Some(
             (groups.groups().iter())
-                .map(|group| {
-                    let (kind, span) = kind_tuple(group.kind());
-                    (kind, span, group.layers())
-                })
+                .map(|group| (group.kind().name(), group.kind().span(), group.layers()))
                 .collect(),
         )
     }
