@@ -272,16 +272,15 @@ impl<M> Running<M> {
     ) {
         groups.truncate(sequences.len());
         for (i, group) in sequences.iter().enumerate() {
-            let first_block = group.inner().skipped_blocks();
-            if let Some(update) = groups.get_mut(i) {
-                update.first_block = first_block;
-                update.new_blocks.clear();
-            } else {
-                groups.push(GroupBlocks::new(first_block, plan.spare.block_ids()));
+            if i == groups.len() {
+                groups.push(GroupBlocks::new(0, plan.spare.block_ids()));
             }
-            if let Some(update) = groups.get_mut(i) {
-                Self::table_update(group, resumed, fresh, &mut update.new_blocks);
-            }
+            let Some(update) = groups.get_mut(i) else {
+                continue;
+            };
+            update.first_block = group.inner().skipped_blocks();
+            update.new_blocks.clear();
+            Self::table_update(group, resumed, fresh, &mut update.new_blocks);
         }
     }
 
