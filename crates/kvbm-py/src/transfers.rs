@@ -20,6 +20,11 @@ pub(crate) fn tiers_config(
     max_onboarding_blocks: Count,
     load_timeout_steps: U64,
 ) -> PyResult<Option<TiersConfig>> {
+    if disk_blocks.is_some() && host_blocks.is_none() {
+        return Err(
+            Error::invalid("disk_blocks needs host_blocks: the disk sits below the host").into(),
+        );
+    }
     let policy = kvbm_sim::Offload::from_str(offload.trim())
         .map_err(Error::invalid)?
         .policy();
@@ -28,11 +33,6 @@ pub(crate) fn tiers_config(
         .filter_map(|(medium, blocks)| blocks.map(|blocks| (medium, blocks.0)))
         .map(|(medium, blocks)| TierConfig::new(medium, blocks).with_offload(policy))
         .collect();
-    if disk_blocks.is_some() && host_blocks.is_none() {
-        return Err(
-            Error::invalid("disk_blocks needs host_blocks: the disk sits below the host").into(),
-        );
-    }
     if lower.is_empty() {
         return Ok(None);
     }
