@@ -257,6 +257,27 @@ impl<D> Tiers<D> {
         found
     }
 
+    /// Which of `hashes` the tiers below could bring up, each block on its
+    /// own (no prefix rule, unlike [`lookup`](Self::lookup)): on its way to
+    /// the device already, or held by some lower tier. For a model whose
+    /// layer groups need blocks that are not a prefix (a sliding window
+    /// reads only the blocks right before its hit point). Pins nothing and
+    /// leaves every tier's eviction order as it was.
+    pub fn holds(&self, hashes: &[SequenceHash]) -> Vec<bool> {
+        let mut held: Vec<bool> = (hashes.iter())
+            .map(|hash| self.loading.contains_key(&hash.value()))
+            .collect();
+        for tier in &self.lower {
+            if held.iter().all(|&found| found) {
+                break;
+            }
+            for (found, here) in held.iter_mut().zip(tier.pool.scan_matches(hashes)) {
+                *found |= here;
+            }
+        }
+        held
+    }
+
     pub(crate) fn lower_tier(&self, tier: TierId) -> Option<&LowerTier> {
         self.lower.get(tier.lower_index()?)
     }

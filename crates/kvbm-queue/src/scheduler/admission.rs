@@ -187,7 +187,9 @@ impl<M> Scheduler<M> {
         onboard: bool,
     ) -> Option<usize> {
         if onboard && let Some(tiers) = &mut self.tiers {
-            tiers.record_hits(candidate.seq.inner().assignments().assigned());
+            for group in candidate.seq.sequences() {
+                tiers.record_hits(group.inner().assignments().assigned());
+            }
         }
         let (admitted, mut candidate) = if onboard && candidate.onboard && self.tiers.is_some() {
             let id = admitted.id();
@@ -386,7 +388,7 @@ impl<M> Scheduler<M> {
             return Ok(Parked {
                 seq,
                 admitted_before: false,
-                onboard: false,
+                onboard: true,
             });
         }
         let hashed = (request.hashed_prompt()).filter(|p| p.fits(block_size, request.salt()));

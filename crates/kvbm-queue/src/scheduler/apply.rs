@@ -91,7 +91,7 @@ impl<M> Scheduler<M> {
                 continue;
             };
             if offloading {
-                registered.push((i, running.seq.lead().assigned_blocks()));
+                registered.push((i, running.seq.lead().inner().assignments().assigned_end()));
             }
             match running.commit(output, &self.manager, &mut report, &mut self.scratch) {
                 Ok(None) => {}

@@ -10,6 +10,7 @@ mod kv;
 mod live;
 mod lookups;
 mod onboard;
+mod onboard_groups;
 mod plan;
 mod preemption;
 mod request;
@@ -297,15 +298,77 @@ impl<M> Scheduler<M> {
         tiers: TiersConfig,
     ) -> Result<Self, SchedulerError> {
         tiers.validate()?;
-        let lower = if tiers.lower.is_empty() {
-            None
-        } else {
-            Some(Tiers::new(manager.clone(), tiers.lower.clone())?)
-        };
+        let lower = Self::lower_tiers(&manager, &tiers)?;
         let mut scheduler = Self::new(manager, config)?;
         scheduler.tiers = lower;
         scheduler.tiers_config = tiers;
         Ok(scheduler)
+    }
+
+    /// A scheduler for a model of several KV cache groups
+    /// ([`with_kv_groups`](Self::with_kv_groups)) with tiers below the
+    /// device ([`with_tiers`](Self::with_tiers)). Every group's blocks go
+    /// down as its tier's policy says (a group's blocks are keyed by its
+    /// own tagged hashes, so the groups share each tier as they share the
+    /// device). A request onboards the longest prefix every group can
+    /// serve from the device and the tiers together: each group loads only
+    /// the blocks it needs for that hit and the device lacks (a sliding
+    /// window only the blocks its window reads), and the cost model weighs
+    /// those loads against recomputing the tokens they cover.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvbm_blocks::BlockManager;
+    /// use kvbm_queue::{Scheduler, SchedulerConfig, TiersConfig};
+    /// use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
+    /// use kvbm_tiers::TierConfig;
+    /// # struct Gpu;
+    /// let groups = KvCacheGroups::new(
+    ///     16,
+    ///     vec![
+    ///         KvCacheGroup::new(AttentionKind::Full, 18),
+    ///         KvCacheGroup::new(AttentionKind::SlidingWindow { window: 128 }, 18),
+    ///     ],
+    /// )?;
+    /// let pool = BlockManager::<Gpu>::builder().block_count(256).block_size(16).build()?;
+    /// let tiers = TiersConfig::new(vec![TierConfig::new("CPU", 1024)]);
+    /// let scheduler = Scheduler::with_kv_groups_and_tiers(
+    ///     pool,
+    ///     SchedulerConfig::default(),
+    ///     Arc::new(groups),
+    ///     tiers,
+    /// )?;
+    /// assert!(scheduler.tiers().is_some() && scheduler.kv_groups().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_kv_groups`](Self::with_kv_groups) and
+    /// [`with_tiers`](Self::with_tiers).
+    pub fn with_kv_groups_and_tiers(
+        manager: BlockManager<M>,
+        config: SchedulerConfig,
+        groups: Arc<KvCacheGroups>,
+        tiers: TiersConfig,
+    ) -> Result<Self, SchedulerError> {
+        tiers.validate()?;
+        let lower = Self::lower_tiers(&manager, &tiers)?;
+        let mut scheduler = Self::with_kv_groups(manager, config, groups)?;
+        scheduler.tiers = lower;
+        scheduler.tiers_config = tiers;
+        Ok(scheduler)
+    }
+
+    /// The tiers `tiers` describes below `manager`'s pool; `None` for none.
+    fn lower_tiers(
+        manager: &BlockManager<M>,
+        tiers: &TiersConfig,
+    ) -> Result<Option<Tiers<M>>, SchedulerError> {
+        if tiers.lower.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Tiers::new(manager.clone(), tiers.lower.clone())?))
     }
 
     /// The tiers below the device (`None` without [`with_tiers`](Self::with_tiers)).

@@ -6,7 +6,9 @@ use kvbm_blocks::ImmutableBlocks;
 use kvbm_tiers::{Outcome, Settled, TierConfig, TransferId};
 use tracing::debug;
 
-use super::{FinishReason, Finished, InferenceRequest, Parked, RequestId, Scheduler, StepPlan};
+use super::{
+    FinishReason, Finished, InferenceRequest, Parked, RequestId, RequestKv, Scheduler, StepPlan,
+};
 use crate::{Admitted, SchedulerError};
 
 /// How a [`Scheduler`] uses tiers below the device
@@ -111,7 +113,15 @@ impl LoadCost {
     /// on their way, costs nothing more) beats recomputing them.
     pub fn worth_loading(&self, found: &[usize], block_size: usize) -> bool {
         let blocks: usize = found.iter().sum();
-        let recompute = blocks as f64 * block_size as f64 * self.recompute_token_s;
+        self.beats_recomputing(found, blocks.saturating_mul(block_size))
+    }
+
+    /// Whether loading `found` blocks per tier level (as
+    /// [`worth_loading`](Self::worth_loading)) beats recomputing `tokens`
+    /// tokens: for a model of several KV cache groups, whose groups load
+    /// blocks for the same tokens.
+    pub fn beats_recomputing(&self, found: &[usize], tokens: usize) -> bool {
+        let recompute = tokens as f64 * self.recompute_token_s;
         let load = (found.iter().enumerate().skip(1))
             .filter(|&(_, &n)| n > 0)
             .map(|(level, &n)| {
@@ -196,6 +206,10 @@ impl<M> Scheduler<M> {
         admitted: Admitted<InferenceRequest>,
         parked: Parked<M>,
     ) -> Result<usize, (Admitted<InferenceRequest>, Parked<M>)> {
+        if matches!(parked.seq, RequestKv::Groups(_)) {
+            return self.try_onboard_groups(admitted, parked);
+        }
+        let room = self.onboarding_room();
         let Some(tiers) = &mut self.tiers else {
             return Err((admitted, parked));
         };
@@ -206,8 +220,6 @@ impl<M> Scheduler<M> {
         let held = seq.held_blocks();
         let hashes = seq.inner().sequence().sequence_hashes();
         let wanted = hashes.get(held..most.max(held)).unwrap_or_default();
-        let onboarding_blocks: usize = self.onboarding.iter().map(|o| o.blocks).sum();
-        let room = (self.tiers_config.max_onboarding_blocks).saturating_sub(onboarding_blocks);
         if wanted.is_empty() || room == 0 {
             return Err((admitted, parked));
         }
@@ -225,24 +237,41 @@ impl<M> Scheduler<M> {
         if onboard.blocks == 0 {
             return Err((admitted, parked));
         }
-        let loading: usize = onboard.loaded_from.iter().sum();
-        self.onboard_stats.requests += 1;
-        self.onboard_stats.blocks += onboard.blocks as u64;
-        for (level, &n) in onboard.loaded_from.iter().enumerate() {
-            if let Some(slot) = self.onboard_stats.loaded_from.get_mut(level) {
-                *slot += n as u64;
-            }
-        }
-        debug!(id = %admitted.id(), blocks = onboard.blocks, loading, "onboarding");
-        self.onboarding.push(Onboarding {
+        let waiting = Onboarding {
             admitted,
             parked,
             waits: onboard.transfers,
             loaded: Vec::new(),
             since: self.next_step,
             blocks: onboard.blocks,
-        });
-        Ok(loading)
+        };
+        Ok(self.wait_for_loads(waiting, &onboard.loaded_from))
+    }
+
+    /// Blocks more requests may onboard now under `max_onboarding_blocks`.
+    pub(super) fn onboarding_room(&self) -> usize {
+        let onboarding_blocks: usize = self.onboarding.iter().map(|o| o.blocks).sum();
+        (self.tiers_config.max_onboarding_blocks).saturating_sub(onboarding_blocks)
+    }
+
+    /// Counts a request's onboarding (`loaded_from`: the blocks its loads
+    /// bring up, per tier level) and has it wait; the blocks it loads.
+    pub(super) fn wait_for_loads(
+        &mut self,
+        waiting: Onboarding<M>,
+        loaded_from: &[usize],
+    ) -> usize {
+        let loading: usize = loaded_from.iter().sum();
+        self.onboard_stats.requests += 1;
+        self.onboard_stats.blocks += waiting.blocks as u64;
+        for (level, &n) in loaded_from.iter().enumerate() {
+            if let Some(slot) = self.onboard_stats.loaded_from.get_mut(level) {
+                *slot += n as u64;
+            }
+        }
+        debug!(id = %waiting.admitted.id(), blocks = waiting.blocks, loading, "onboarding");
+        self.onboarding.push(waiting);
+        loading
     }
 
     /// Starts, in admission order, the onboarding requests whose loads are
@@ -383,19 +412,38 @@ impl<M> Scheduler<M> {
         Some(self.exit(id, reason, generated))
     }
 
-    /// Offers the blocks `running[index]` registered since it held
-    /// `registered_before` to the tiers below (write-through, selective).
+    /// Offers the blocks `running[index]` registered from block index
+    /// `registered_before` on (where its first group's registered blocks
+    /// ended before the apply) to the tiers below (write-through,
+    /// selective), in every group: groups register the same block indices
+    /// in lock-step.
     pub(super) fn offload_new_blocks(&mut self, index: usize, registered_before: usize) {
         let Some(tiers) = &mut self.tiers else {
             return;
         };
-        if index >= self.running.len() {
+        let Some(running) = self.running.get(index) else {
             return;
-        }
-        let running = &self.running[index];
-        let assigned = running.seq.inner().assignments().assigned();
-        if assigned.len() > registered_before {
-            tiers.offload_batch(assigned.clone_range(registered_before..assigned.len()));
+        };
+        for group in running.seq.sequences() {
+            let assignments = group.inner().assignments();
+            let end = assignments.assigned_end();
+            if end <= registered_before {
+                continue;
+            }
+            let skipped = assignments.skipped_count();
+            let held_from = registered_before.max(skipped);
+            let mut new = ImmutableBlocks::new();
+            if registered_before < skipped {
+                // A window released some of them in the same apply: they
+                // are cached on the device, found again by their hashes.
+                let hashes = group.inner().sequence().sequence_hashes();
+                let released = hashes.get(registered_before..skipped).unwrap_or_default();
+                new = self.manager.match_blocks(released);
+            }
+            let held = (assignments.assigned()).clone_range(held_from - skipped..end - skipped);
+            // Both are this pool's: never refused.
+            let _ = new.append(held);
+            tiers.offload_batch(new);
         }
     }
 }

@@ -15,6 +15,7 @@ mod edges;
 mod fuzz;
 #[cfg(not(kvbm_loom))]
 mod groups;
+mod groups_tiers;
 mod hashed;
 #[cfg(not(kvbm_loom))]
 mod in_place;

@@ -43,6 +43,30 @@ fn lookup_takes_each_block_from_the_highest_tier_and_stops_at_a_gap() {
 }
 
 #[test]
+fn holds_answers_each_block_on_its_own_past_a_gap() {
+    let device = device(8);
+    let mut tiers = tiers(
+        &device,
+        vec![TierConfig::new("CPU", 2), TierConfig::new("DISK", 8)],
+    );
+    let hashes = chain(3, 4);
+    for hash in &hashes {
+        tiers.offload(compute(&device, &[*hash]));
+        run_all(&mut tiers).unwrap();
+    }
+    drop(device.allocate_blocks(8).unwrap());
+    let stranger = chain(9, 1)[0];
+    let asked = [hashes[0], stranger, hashes[2], hashes[3]];
+    assert_eq!(tiers.holds(&asked), [true, false, true, true]);
+    assert_eq!(tiers.lookup(&asked), [0, 0, 1], "lookup stops at the gap");
+    // A block on its way up counts too, and nothing was pinned or touched.
+    let onboard = tiers.onboard(&hashes[..1], 8);
+    assert_eq!(onboard.blocks, 1);
+    assert_eq!(tiers.holds(&hashes[..1]), [true]);
+    tiers.audit().unwrap();
+}
+
+#[test]
 fn a_block_being_loaded_is_waited_for_not_loaded_twice() {
     let device = device(8);
     let mut tiers = tiers(&device, vec![TierConfig::new("CPU", 8)]);
