@@ -150,7 +150,8 @@ impl Scheduler {
     /// lower tier holds waits onboarding (at most ``max_onboarding_blocks``
     /// loads at once, ``load_timeout_steps`` steps) while the engine runs
     /// the plans' ``transfers`` and reports them (``report_transfers``).
-    /// Not with ``model`` or ``groups``.
+    /// With ``model`` or ``groups`` every group's blocks go down, and each
+    /// group loads only the blocks it reads for the hit.
     #[new]
     #[pyo3(signature = (
         num_blocks,
@@ -236,11 +237,8 @@ impl Scheduler {
         };
         let events = events.then(|| manager.subscribe_events(1024));
         let mut scheduler = match (groups, tiers) {
-            (Some(_), Some(_)) => {
-                return Err(Error::invalid(
-                    "KV cache groups with lower tiers are not supported: give model/groups or host_blocks",
-                )
-                .into());
+            (Some(groups), Some(tiers)) => {
+                RustScheduler::with_kv_groups_and_tiers(manager.clone(), config, groups, tiers)
             }
             (Some(groups), None) => RustScheduler::with_kv_groups(manager.clone(), config, groups),
             (None, Some(tiers)) => RustScheduler::with_tiers(manager.clone(), config, tiers),

@@ -424,12 +424,45 @@ def test_a_failed_load_is_recomputed_and_bad_reports_change_nothing():
     assert scheduler.transfers_in_flight == 0
 
 
+def test_kv_groups_with_a_host_tier_onboard_only_what_each_group_reads():
+    # A full group and a 32-token window (two blocks) over 24 device
+    # blocks: request 0's prompt goes down to the host in both groups.
+    groups = "sliding_window:32:1,full:1"
+    scheduler = kvbm.Scheduler(24, 16, groups=groups, host_blocks=256, watermark_blocks=0)
+    scheduler.submit(0, SYSTEM + [5], 2)
+    stores = serve_with_transfers(scheduler)
+    assert sum(t.num_blocks for t in stores) == 2 * 4  # both groups' full blocks
+    for i in range(1, 4):
+        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
+    serve_with_transfers(scheduler)
+    scheduler.submit(9, SYSTEM + [6], 2)
+    plan = scheduler.step()
+    loads = [t for t in plan.transfers if t.kind == "load"]
+    assert loads and scheduler.census()["onboarding"] == 1
+    # A hit of four blocks, all evicted from the device: the full group
+    # loads blocks 0-3, the window only the two its 32 tokens read (2, 3).
+    assert [t.num_blocks for t in loads] == [4, 2]
+    scheduler.apply(plan.sample_all(7))
+    scheduler.report_transfers(completed=[t.transfer_id for t in loads])
+    plan = scheduler.step()
+    (prefill,) = [w for w in plan.prefill if w.request_id == 9]
+    assert prefill.start == 64  # only the rest is computed
+    # Groups are made as vLLM makes them, full attention first.
+    first, table = scheduler.group_block_table(9, 0)
+    assert first == 0 and len(table) == 5  # the full group: every block
+    first, table = scheduler.group_block_table(9, 1)
+    assert first == 2 and len(table) == 3  # the window: blocks 2 to 4
+    scheduler.apply(plan.sample_all(7))
+    serve_with_transfers(scheduler)
+    assert scheduler.onboard_stats()["requests"] == 1
+    assert scheduler.audit()["finished"] == 5
+
+
 def test_tier_options_are_checked():
     for kwargs in [
         {"host_blocks": 0},
         {"disk_blocks": 8},
         {"host_blocks": 8, "offload": "sometimes"},
-        {"host_blocks": 8, "model": "gpt-oss-20b"},
         {"host_blocks": 8, "max_onboarding_blocks": 0},
         {"host_blocks": -1},
     ]:

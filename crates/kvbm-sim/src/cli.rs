@@ -300,9 +300,11 @@ pub(crate) struct EngineArgs {
 pub(crate) struct TierArgs {
     #[command(flatten)]
     pub(crate) lower: LowerTierArgs,
-    /// KV bytes per token [default: 131072, an 8B model].
-    #[arg(long, value_name = "B", default_value_t = TierSetup::default().kv_bytes_per_token)]
-    pub(crate) kv_bytes_per_token: u64,
+    /// KV bytes per token, which sizes the blocks the tiers' links carry
+    /// [default: 131072, an 8B model; with --model or --groups, the model's
+    /// own].
+    #[arg(long, value_name = "B")]
+    pub(crate) kv_bytes_per_token: Option<u64>,
     /// The host tier's link in Gbit/s per direction [default: PCIe 5.0 x16].
     #[arg(long, value_name = "GBPS", default_value_t = Link::PCIE5_X16.gbps)]
     pub(crate) host_link_gbps: f64,
@@ -322,7 +324,9 @@ impl TierArgs {
         let mut setup = TierSetup::default().with_offload(self.lower.offload);
         setup.host_tokens = self.lower.host_tier_tokens;
         setup.disk_tokens = self.lower.disk_tier_tokens;
-        setup.kv_bytes_per_token = self.kv_bytes_per_token;
+        if let Some(bytes) = self.kv_bytes_per_token {
+            setup.kv_bytes_per_token = bytes;
+        }
         setup.host_link = Link {
             gbps: self.host_link_gbps,
             setup_us: self.host_link_setup_us,
@@ -536,6 +540,13 @@ impl ServeArgs {
         let Some(kv) = self.model.setup(&self.engine.capacity)? else {
             return Ok(config);
         };
+        if self.engine.tiers.kv_bytes_per_token.is_some() {
+            return Err(SimError::ConflictingFlags {
+                flag: "--kv-bytes-per-token",
+                other: "--model or --groups",
+                reason: "a model's blocks have its own bytes (--kv-bytes-per-token-layer)",
+            });
+        }
         if self.data_plane.is_some() {
             return Err(SimError::KvLayoutUnsupported {
                 with: "the data plane (--data-plane)",

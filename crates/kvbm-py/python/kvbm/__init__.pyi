@@ -685,7 +685,9 @@ class Scheduler:
         lower tier holds waits onboarding (``census()["onboarding"]``; at
         most ``max_onboarding_blocks`` loads at once, ``load_timeout_steps``
         steps) while the engine runs the plans' ``transfers`` and reports
-        them with ``report_transfers``. Not with ``model`` or ``groups``."""
+        them with ``report_transfers``. With ``model`` or ``groups`` every
+        group's blocks go down, and each group loads only the blocks it
+        reads for the hit."""
     def submit(
         self,
         request_id: int,

@@ -210,7 +210,7 @@ pub fn replay_with_data_plane(
     let mut sim = ServeSim::new(trace, config, scheduler)?;
     sim.scheduler_clock = SchedulerClock::running();
     if let Some(spec) = data_plane {
-        let block_bytes = config.tiers.block_bytes(block_size)?;
+        let block_bytes = config.replay_tiers()?.block_bytes(block_size)?;
         match &mut sim.transfers {
             Some(transfers) => transfers.attach_data_plane(spec, &sim.scheduler, block_bytes)?,
             None => {
@@ -434,13 +434,14 @@ impl<'a> ServeSim<'a> {
         arrivals: Vec<usize>,
         tracks: Tracks,
     ) -> Result<Self, SimError> {
-        let plans = config.tiers.plan(config.block_size)?;
+        let tiers = config.replay_tiers()?;
+        let plans = tiers.plan(config.block_size)?;
         let transfers = if plans.is_empty() {
             None
         } else {
             Some(EngineTransfers::new(LinkClock::new(
                 &plans,
-                config.tiers.block_bytes(config.block_size)?,
+                tiers.block_bytes(config.block_size)?,
             )))
         };
         Ok(Self {
@@ -1086,6 +1087,8 @@ mod tests;
 mod tests_data_plane;
 #[cfg(test)]
 mod tests_groups;
+#[cfg(test)]
+mod tests_groups_tiers;
 #[cfg(test)]
 mod tests_in_place;
 #[cfg(test)]

@@ -461,6 +461,24 @@ fn serve_with_a_model_reports_its_groups_and_memory() {
     assert_eq!(full["kv_groups"].as_array().unwrap().len(), 1);
     assert_eq!(full["capacity_blocks"], 8_477);
 
+    // With a host tier: the tier holds the model's blocks, a block per
+    // group per 16 tokens, and its bytes are theirs.
+    let tiered = run(&[
+        "--model",
+        "gpt-oss-120b",
+        "--capacity-bytes",
+        "10e9",
+        "--host-tier-tokens",
+        "1000000",
+    ]);
+    let cpu = &tiered["tiers"][0];
+    assert_eq!(cpu["medium"], "CPU");
+    assert_eq!(cpu["capacity_blocks"], 2 * 1_000_000 / 16);
+    let stored = cpu["stored_blocks"].as_u64().unwrap();
+    assert!(stored > 0);
+    assert_eq!(cpu["bytes_stored"], stored * 589_824);
+    assert_eq!(tiered["finished_requests"], 40);
+
     let plain = run(&[]);
     for field in ["model", "kv_groups", "peak_kv_bytes", "capacity_bytes"] {
         assert!(plain.get(field).is_none(), "{field}");
@@ -575,8 +593,16 @@ fn serve_model_flags_that_do_not_fit_are_refused() {
         "KV cache groups: KV cache group 1 (sliding_window:128) is not a multiple of the 256-token block",
     );
     fails_with(
-        &with(&gpt, &["--host-tier-tokens", "1000000"]),
-        "does not work with tiers below the GPU",
+        &with(
+            &gpt,
+            &[
+                "--host-tier-tokens",
+                "1000000",
+                "--kv-bytes-per-token",
+                "4096",
+            ],
+        ),
+        "--kv-bytes-per-token cannot be combined with --model or --groups",
     );
     fails_with(
         &with(&gpt, &["--spec-tokens", "2"]),

@@ -52,8 +52,12 @@ pub struct ServeConfig {
     /// bytes counted). With it the pool holds the blocks its bytes buy, the
     /// scheduler runs the model's KV cache groups
     /// ([`Scheduler::with_kv_groups`]), and the report gains
-    /// [`ServeReport::kv`]. It does not work with tiers or speculative
-    /// decoding yet ([`validate`](Self::validate) refuses them).
+    /// [`ServeReport::kv`]. With [`tiers`](Self::tiers), every group's
+    /// blocks go down and come back up
+    /// ([`Scheduler::with_kv_groups_and_tiers`]), the tiers sized and priced
+    /// in the model's blocks; [`tiers`](Self::tiers)' own
+    /// `kv_bytes_per_token` is not read then. It does not work with
+    /// speculative decoding yet ([`validate`](Self::validate) refuses it).
     pub kv: Option<KvSetup>,
     /// Whether decodes run in place
     /// ([`Scheduler::run_decodes_in_place`]); the results are the same either
@@ -187,15 +191,60 @@ impl ServeConfig {
         &self,
         manager: BlockManager<Simulated>,
     ) -> Result<Scheduler<Simulated>, SimError> {
-        if let Some(kv) = &self.kv {
-            let groups = Arc::new(kv.groups(self.block_size)?);
-            return Ok(Scheduler::with_kv_groups(manager, self.scheduler, groups)?);
-        }
-        let scheduler = match (self.tiers).scheduler_config(self.block_size, &self.step_time)? {
-            None => Scheduler::new(manager, self.scheduler)?,
-            Some(tiers) => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
+        let tiers = (self.replay_tiers()?).scheduler_config(self.block_size, &self.step_time)?;
+        let scheduler = match (&self.kv, tiers) {
+            (Some(kv), None) => {
+                let groups = Arc::new(kv.groups(self.block_size)?);
+                Scheduler::with_kv_groups(manager, self.scheduler, groups)?
+            }
+            (Some(kv), Some(tiers)) => {
+                let groups = Arc::new(kv.groups(self.block_size)?);
+                Scheduler::with_kv_groups_and_tiers(manager, self.scheduler, groups, tiers)?
+            }
+            (None, None) => Scheduler::new(manager, self.scheduler)?,
+            (None, Some(tiers)) => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
         };
         Ok(scheduler)
+    }
+
+    /// The tiers as the replay builds them: [`tiers`](Self::tiers), or with
+    /// a model ([`kv`](Self::kv)) in the model's blocks. A tier's tokens are
+    /// then tokens of the model's KV: each group keeps a block of its own
+    /// per `block_size` tokens, so a tier of `T` tokens holds `T /
+    /// block_size` blocks per group, each of [`KvSetup::block_bytes`] bytes
+    /// (the same bytes whether or not the layout is
+    /// [`full_attention_only`](KvSetup::full_attention_only)), and the
+    /// links carry blocks of that size.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvSetup::groups`] and [`KvSetup::block_bytes`];
+    /// [`SimError::InvalidTiers`] for a tier whose blocks overflow.
+    pub(crate) fn replay_tiers(&self) -> Result<TierSetup, SimError> {
+        let Some(kv) = &self.kv else {
+            return Ok(self.tiers);
+        };
+        let mut tiers = self.tiers;
+        if !tiers.is_enabled() {
+            return Ok(tiers);
+        }
+        let groups = kv.groups(self.block_size)?.len() as u64;
+        let per_group = |tokens: Option<u64>| {
+            tokens
+                .map(|tokens| {
+                    tokens.checked_mul(groups).ok_or_else(|| {
+                        SimError::InvalidTiers(format!(
+                            "a tier of {tokens} tokens in {groups} KV cache groups overflows"
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        tiers.host_tokens = per_group(tiers.host_tokens)?;
+        tiers.disk_tokens = per_group(tiers.disk_tokens)?;
+        // A block's bytes are `block_size` tokens of its group's layers.
+        tiers.kv_bytes_per_token = kv.block_bytes(self.block_size)? / self.block_size.max(1) as u64;
+        Ok(tiers)
     }
 
     /// Checks what a replay checks before it builds anything.
@@ -204,9 +253,10 @@ impl ServeConfig {
     ///
     /// [`SimError::InvalidBlockSize`] unless the block size divides 512;
     /// [`SimError::InvalidAcceptance`] unless `spec_accept` is in `0..=1`;
-    /// with [`kv`](Self::kv), [`SimError::KvLayoutUnsupported`] with tiers
-    /// or speculative decoding, and [`SimError::Groups`] for groups the
-    /// block size does not fit (a window not a multiple of it).
+    /// with [`kv`](Self::kv), [`SimError::KvLayoutUnsupported`] with
+    /// speculative decoding, [`SimError::Groups`] for groups the block size
+    /// does not fit (a window not a multiple of it), and
+    /// [`SimError::InvalidTiers`] for tiers the model's blocks overflow.
     pub fn validate(&self) -> Result<(), SimError> {
         let block_size = self.block_size;
         if block_size == 0 || !crate::TRACE_BLOCK_TOKENS.is_multiple_of(block_size) {
@@ -219,11 +269,6 @@ impl ServeConfig {
         }
         self.tiers.plan(block_size)?;
         if let Some(kv) = &self.kv {
-            if self.tiers.is_enabled() {
-                return Err(SimError::KvLayoutUnsupported {
-                    with: "tiers below the GPU (--host-tier-tokens, --disk-tier-tokens)",
-                });
-            }
             if self.scheduler.speculative_tokens > 0 {
                 return Err(SimError::KvLayoutUnsupported {
                     with: "speculative decoding (--spec-tokens)",
@@ -231,6 +276,7 @@ impl ServeConfig {
             }
             kv.groups(block_size)?;
             kv.block_bytes(block_size)?;
+            self.replay_tiers()?.plan(block_size)?;
         }
         Ok(())
     }

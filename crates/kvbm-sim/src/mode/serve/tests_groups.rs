@@ -8,7 +8,7 @@ use kvbm_queue::SchedulerConfig;
 use kvbm_sequence::{AttentionKind, GroupError};
 
 use super::*;
-use crate::{Capacity, DataPlaneSpec, KvModel, KvSetup, NoProgress, TierSetup};
+use crate::{Capacity, DataPlaneSpec, KvModel, KvSetup, NoProgress};
 
 /// The first `requests` requests of the embedded conversation excerpt.
 fn excerpt(requests: usize) -> Trace {
@@ -195,8 +195,6 @@ fn a_model_with_what_it_does_not_support_is_refused() {
         Err(SimError::KvLayoutUnsupported { with }) => with,
         other => panic!("{other:?}"),
     };
-    let tiers = TierSetup::default().with_host_tokens(1 << 20);
-    assert!(refused(ServeConfig::default().with_kv(kv).with_tiers(tiers)).contains("tiers"));
     let spec = SchedulerConfig::default().with_speculative_tokens(2);
     assert!(
         refused(ServeConfig::default().with_kv(kv).with_scheduler(spec)).contains("speculative")
