@@ -17,7 +17,10 @@ pub struct TierFigures {
     /// Its size in blocks.
     pub capacity_blocks: usize,
     /// Prompt tokens loaded from it onto the GPU (completed loads): the
-    /// hits it served.
+    /// hits it served, its loaded blocks × the block size. With a model's
+    /// KV cache groups every group's loaded blocks count (a full group's
+    /// whole run and a window's last few), so it is tokens of KV moved,
+    /// not tokens a request skipped (those are the report's hit tokens).
     pub hit_tokens: u64,
     /// Blocks stored into it.
     pub stored_blocks: u64,
