@@ -374,6 +374,14 @@ def serve_with_transfers(scheduler, fail_loads=False, max_steps=10_000):
     raise AssertionError("the scheduler did not go idle")
 
 
+def push_off_the_device(scheduler):
+    """Serves three other 150-token requests (ids 1-3), pushing what came
+    before off a 16- to 24-block device (lower tiers keep it)."""
+    for i in range(1, 4):
+        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
+    serve_with_transfers(scheduler)
+
+
 def test_a_host_tier_onboards_a_prefix_the_device_evicted():
     # 16 device blocks, a 64-block host: request 0's four prompt blocks are
     # written through, then pushed off the device by other requests.
@@ -382,9 +390,7 @@ def test_a_host_tier_onboards_a_prefix_the_device_evicted():
     stores = serve_with_transfers(scheduler)
     assert stores and all(t.kind == "store" and (t.source, t.destination) == (0, 1) for t in stores)
     assert sum(t.num_blocks for t in stores) >= 4
-    for i in range(1, 4):
-        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
-    serve_with_transfers(scheduler)
+    push_off_the_device(scheduler)
     # The prompt again: its prefix is on the host only, so it onboards.
     scheduler.submit(9, SYSTEM + [6], 2)
     plan = scheduler.step()
@@ -411,9 +417,7 @@ def test_a_failed_load_is_recomputed_and_bad_reports_change_nothing():
     scheduler = kvbm.Scheduler(16, 16, host_blocks=64, watermark_blocks=0)
     scheduler.submit(0, SYSTEM + [5], 2)
     serve_with_transfers(scheduler)
-    for i in range(1, 4):
-        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
-    serve_with_transfers(scheduler)
+    push_off_the_device(scheduler)
     with pytest.raises(kvbm.SchedulerError):
         scheduler.report_transfers(completed=[10**9])  # never planned
     scheduler.submit(9, SYSTEM + [6], 2)
@@ -432,9 +436,7 @@ def test_kv_groups_with_a_host_tier_onboard_only_what_each_group_reads():
     scheduler.submit(0, SYSTEM + [5], 2)
     stores = serve_with_transfers(scheduler)
     assert sum(t.num_blocks for t in stores) == 2 * 4  # both groups' full blocks
-    for i in range(1, 4):
-        scheduler.submit(i, [3000 + 100 * i + j for j in range(150)], 2)
-    serve_with_transfers(scheduler)
+    push_off_the_device(scheduler)
     scheduler.submit(9, SYSTEM + [6], 2)
     plan = scheduler.step()
     loads = [t for t in plan.transfers if t.kind == "load"]

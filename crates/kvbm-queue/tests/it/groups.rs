@@ -25,7 +25,7 @@ fn pool(blocks: usize) -> BlockManager<Gpu> {
 }
 
 /// gpt-oss's shape in small: full-attention layers and sliding-window ones.
-fn full_and_window() -> Arc<KvCacheGroups> {
+pub(super) fn full_and_window() -> Arc<KvCacheGroups> {
     Arc::new(
         KvCacheGroups::new(
             BS,

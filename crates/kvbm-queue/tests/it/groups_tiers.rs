@@ -6,37 +6,21 @@
 //! reads), and failures, cancels and a fickle engine leave every tier
 //! consistent.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::HashSet;
 
 use kvbm_blocks::{BlockManager, SequenceHash};
-use kvbm_queue::{
-    FinishReason, InferenceRequest, RequestId, Scheduler, SchedulerConfig, StepPlan, TiersConfig,
-};
-use kvbm_sequence::{AttentionKind, BlockSequence, KvCacheGroup, KvCacheGroups, Salt};
-use kvbm_tiers::{Outcome, TierConfig, TransferId, TransferKind};
+use kvbm_queue::{InferenceRequest, RequestId, Scheduler, SchedulerConfig, TiersConfig};
+use kvbm_sequence::{BlockSequence, Salt};
+use kvbm_tiers::{Outcome, TierConfig, TransferKind};
 use proptest::prelude::*;
 
 use super::fuzz_cases;
+use super::groups::full_and_window;
 use super::scheduler::{BS, Gpu, outputs};
+use super::tiers::{Engine, engines, fuzzed_tiers, run_done, serve_with};
 
-const WINDOW: usize = 8; // two blocks
 /// A 64-token prompt: 16 blocks, the hit capped at 15.
 const PROMPT: u32 = 64;
-
-/// gpt-oss's shape in small: full-attention layers and sliding-window ones.
-fn full_and_window() -> Arc<KvCacheGroups> {
-    Arc::new(
-        KvCacheGroups::new(
-            BS,
-            vec![
-                KvCacheGroup::new(AttentionKind::Full, 2),
-                KvCacheGroup::new(AttentionKind::SlidingWindow { window: WINDOW }, 2),
-            ],
-        )
-        .expect("valid groups"),
-    )
-}
 
 fn scheduler(device: usize, tiers: TiersConfig) -> Scheduler<Gpu> {
     let pool = BlockManager::<Gpu>::builder()
@@ -54,29 +38,6 @@ fn host(blocks: usize) -> TiersConfig {
 
 fn prompt(id: u64) -> InferenceRequest {
     InferenceRequest::new(RequestId(id), (0..PROMPT).collect::<Vec<u32>>(), 1)
-}
-
-/// Runs steps, completing every transfer as soon as it is planned, until
-/// the scheduler is idle with nothing in flight; the plans, each with the
-/// transfers planned after it.
-fn run_done(s: &mut Scheduler<Gpu>) -> Vec<StepPlan> {
-    let mut plans = Vec::new();
-    for _ in 0..200 {
-        if s.is_idle() && s.transfers_in_flight() == 0 {
-            return plans;
-        }
-        let mut plan = s.step().unwrap();
-        s.audit().unwrap();
-        s.apply(&outputs(&plan)).unwrap();
-        s.take_transfers(&mut plan.transfers);
-        let reports: Vec<(TransferId, Outcome)> = (plan.transfers.iter())
-            .map(|t| (t.id, Outcome::Completed))
-            .collect();
-        s.report_transfers(&reports).unwrap();
-        s.audit().unwrap();
-        plans.push(plan);
-    }
-    panic!("not idle after 200 steps");
 }
 
 /// Other prompts, enough to push the first one's blocks out of the device
@@ -229,14 +190,6 @@ fn a_cancel_while_onboarding_grouped_releases_everything() {
     assert_eq!(s.manager().metrics().in_use_blocks, 0, "nothing held");
 }
 
-/// The engine's side in the fuzzer: each transfer ends after a delay of
-/// some steps, completed or failed.
-#[derive(Clone, Debug)]
-struct Engine {
-    delays: Vec<u8>,
-    failures: Vec<bool>,
-}
-
 type Workload = (usize, usize, u64, Vec<(u8, u8)>, Engine);
 
 fn workload() -> impl Strategy<Value = Workload> {
@@ -245,11 +198,7 @@ fn workload() -> impl Strategy<Value = Workload> {
         1usize..64,
         1u64..6,
         prop::collection::vec((0u8..4, 1u8..60), 1..20),
-        (
-            prop::collection::vec(0u8..6, 1..16),
-            prop::collection::vec(prop::bool::weighted(0.2), 1..16),
-        )
-            .prop_map(|(delays, failures)| Engine { delays, failures }),
+        engines(),
     )
 }
 
@@ -263,12 +212,7 @@ proptest! {
     fn fuzz_grouped_requests_finish_with_tiers_and_a_fickle_engine(
         (device, host, timeout, requests, engine) in workload(),
     ) {
-        let config = TiersConfig::new(vec![
-            TierConfig::new("CPU", host),
-            TierConfig::new("DISK", host * 2),
-        ])
-        .with_load_timeout_steps(timeout)
-        .with_max_onboarding_blocks(device);
+        let config = fuzzed_tiers(device, host, timeout);
         let mut s = scheduler(device, config);
         let mut submitted = 0;
         for (i, &(family, len)) in requests.iter().enumerate() {
@@ -280,37 +224,6 @@ proptest! {
                 submitted += 1;
             }
         }
-        let mut pending: VecDeque<(u64, TransferId, Outcome)> = VecDeque::new();
-        let mut n = 0usize;
-        let mut finished = 0;
-        for step in 0..2_000u64 {
-            if s.is_idle() && s.transfers_in_flight() == 0 {
-                break;
-            }
-            let mut plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
-            s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let report = s.apply(&outputs(&plan)).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if step % 2 == 0 {
-                s.take_transfers(&mut plan.transfers);
-            }
-            for transfer in &plan.transfers {
-                let delay = u64::from(engine.delays[n % engine.delays.len()]);
-                let failed = engine.failures[n % engine.failures.len()];
-                n += 1;
-                let outcome = if failed { Outcome::Failed } else { Outcome::Completed };
-                pending.push_back((step + delay, transfer.id, outcome));
-            }
-            for done in &report.finished {
-                prop_assert!(matches!(done.reason, FinishReason::MaxTokens | FinishReason::Stop), "{done:?}");
-            }
-            finished += report.finished.len();
-            let due: Vec<(TransferId, Outcome)> = pending.iter().filter(|(at, _, _)| *at <= step).map(|&(_, id, o)| (id, o)).collect();
-            pending.retain(|(at, _, _)| *at > step);
-            s.report_transfers(&due).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        }
-        prop_assert_eq!(finished, submitted, "every request finished");
-        prop_assert!(s.is_idle());
-        prop_assert_eq!(s.tiers().unwrap().in_flight_count(), 0, "every transfer reported");
+        serve_with(&mut s, &engine, submitted)?;
     }
 }

@@ -40,7 +40,7 @@ fn prompt(id: u64, tokens: u32) -> InferenceRequest {
 /// Runs steps, completing every transfer as soon as it is planned (those
 /// `apply` plans too), until the scheduler is idle with nothing in flight;
 /// the plans, each with the transfers planned after it.
-fn run_done(s: &mut Scheduler<Gpu>) -> Vec<StepPlan> {
+pub(super) fn run_done(s: &mut Scheduler<Gpu>) -> Vec<StepPlan> {
     let mut plans = Vec::new();
     for _ in 0..200 {
         if s.is_idle() && s.transfers_in_flight() == 0 {
@@ -306,12 +306,90 @@ fn invalid_tier_settings_are_refused() {
     }
 }
 
-/// The engine's side in the fuzzer: each transfer ends after a delay of
+/// The engine's side in the fuzzers: each transfer ends after a delay of
 /// some steps, completed or failed.
 #[derive(Clone, Debug)]
-struct Engine {
+pub(super) struct Engine {
     delays: Vec<u8>,
     failures: Vec<bool>,
+}
+
+/// Engines whose transfers end late, fail, or never before a timeout.
+pub(super) fn engines() -> impl Strategy<Value = Engine> {
+    (
+        prop::collection::vec(0u8..6, 1..16),
+        prop::collection::vec(prop::bool::weighted(0.2), 1..16),
+    )
+        .prop_map(|(delays, failures)| Engine { delays, failures })
+}
+
+/// The fuzzers' tiers: a host tier of `host` blocks over a disk twice as
+/// large, loads timing out after `timeout` steps, at most a device's worth
+/// onboarding at once.
+pub(super) fn fuzzed_tiers(device: usize, host: usize, timeout: u64) -> TiersConfig {
+    TiersConfig::new(vec![
+        TierConfig::new("CPU", host),
+        TierConfig::new("DISK", host * 2),
+    ])
+    .with_load_timeout_steps(timeout)
+    .with_max_onboarding_blocks(device)
+}
+
+/// Serves `s` to the end with `engine` running the transfers: every one of
+/// the `submitted` requests must finish (by its tokens), every transfer be
+/// reported, and the audit pass after every call.
+pub(super) fn serve_with(
+    s: &mut Scheduler<Gpu>,
+    engine: &Engine,
+    submitted: usize,
+) -> Result<(), TestCaseError> {
+    let mut pending: VecDeque<(u64, TransferId, Outcome)> = VecDeque::new();
+    let mut n = 0usize;
+    let mut finished = 0;
+    for step in 0..2_000u64 {
+        if s.is_idle() && s.transfers_in_flight() == 0 {
+            break;
+        }
+        let mut plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let report = s
+            .apply(&outputs(&plan))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if step % 2 == 0 {
+            s.take_transfers(&mut plan.transfers);
+        }
+        for transfer in &plan.transfers {
+            let delay = u64::from(engine.delays[n % engine.delays.len()]);
+            let failed = engine.failures[n % engine.failures.len()];
+            n += 1;
+            let outcome = if failed {
+                Outcome::Failed
+            } else {
+                Outcome::Completed
+            };
+            pending.push_back((step + delay, transfer.id, outcome));
+        }
+        for done in &report.finished {
+            prop_assert!(
+                matches!(done.reason, FinishReason::MaxTokens | FinishReason::Stop),
+                "{done:?}"
+            );
+        }
+        finished += report.finished.len();
+        let due: Vec<(TransferId, Outcome)> = (pending.iter())
+            .filter(|(at, _, _)| *at <= step)
+            .map(|&(_, id, o)| (id, o))
+            .collect();
+        pending.retain(|(at, _, _)| *at > step);
+        s.report_transfers(&due)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    prop_assert_eq!(finished, submitted, "every request finished");
+    prop_assert!(s.is_idle());
+    let tiers = s.tiers().expect("tiers");
+    prop_assert_eq!(tiers.in_flight_count(), 0, "every transfer reported");
+    Ok(())
 }
 
 fn workload() -> impl Strategy<Value = (usize, usize, u64, Vec<(u8, u8)>, Engine)> {
@@ -320,11 +398,7 @@ fn workload() -> impl Strategy<Value = (usize, usize, u64, Vec<(u8, u8)>, Engine
         1usize..48,
         1u64..6,
         prop::collection::vec((0u8..4, 1u8..40), 1..24),
-        (
-            prop::collection::vec(0u8..6, 1..16),
-            prop::collection::vec(prop::bool::weighted(0.2), 1..16),
-        )
-            .prop_map(|(delays, failures)| Engine { delays, failures }),
+        engines(),
     )
 }
 
@@ -338,12 +412,7 @@ proptest! {
     fn fuzz_every_request_finishes_with_tiers_and_a_fickle_engine(
         (device, host, timeout, requests, engine) in workload(),
     ) {
-        let config = TiersConfig::new(vec![
-            TierConfig::new("CPU", host),
-            TierConfig::new("DISK", host * 2),
-        ])
-        .with_load_timeout_steps(timeout)
-        .with_max_onboarding_blocks(device);
+        let config = fuzzed_tiers(device, host, timeout);
         let manager = BlockManager::<Gpu>::builder().block_count(device).block_size(BS).build().unwrap();
         let mut s = Scheduler::with_tiers(manager, SchedulerConfig::default(), config).unwrap();
         let mut submitted = 0;
@@ -355,39 +424,7 @@ proptest! {
                 submitted += 1;
             }
         }
-        let mut pending: VecDeque<(u64, TransferId, Outcome)> = VecDeque::new();
-        let mut n = 0usize;
-        let mut finished = 0;
-        for step in 0..2_000u64 {
-            if s.is_idle() && s.transfers_in_flight() == 0 {
-                break;
-            }
-            let mut plan = s.step().map_err(|e| TestCaseError::fail(e.to_string()))?;
-            s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let report = s.apply(&outputs(&plan)).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if step % 2 == 0 {
-                s.take_transfers(&mut plan.transfers);
-            }
-            for transfer in &plan.transfers {
-                let delay = u64::from(engine.delays[n % engine.delays.len()]);
-                let failed = engine.failures[n % engine.failures.len()];
-                n += 1;
-                let outcome = if failed { Outcome::Failed } else { Outcome::Completed };
-                pending.push_back((step + delay, transfer.id, outcome));
-            }
-            for done in &report.finished {
-                prop_assert!(matches!(done.reason, FinishReason::MaxTokens | FinishReason::Stop), "{done:?}");
-            }
-            finished += report.finished.len();
-            let due: Vec<(TransferId, Outcome)> = pending.iter().filter(|(at, _, _)| *at <= step).map(|&(_, id, o)| (id, o)).collect();
-            pending.retain(|(at, _, _)| *at > step);
-            s.report_transfers(&due).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            s.audit().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        }
-        prop_assert_eq!(finished, submitted, "every request finished");
-        prop_assert!(s.is_idle());
-        let tiers = s.tiers().unwrap();
-        prop_assert_eq!(tiers.in_flight_count(), 0, "every transfer reported");
+        serve_with(&mut s, &engine, submitted)?;
         drop(s);
     }
 }
