@@ -365,6 +365,22 @@ impl StepReport {
         Ok(dict)
     }
 
+    /// With KV cache groups, each group's blocks given back, by request id:
+    /// a list per group, in group order (each last table entry first).
+    /// Empty for a model of one group (``rolled_back`` has them).
+    #[getter]
+    fn rolled_back_groups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for rolled in self.report.rolled_back.iter() {
+            if rolled.groups.is_empty() {
+                continue;
+            }
+            let groups: Vec<Vec<u32>> = rolled.groups.iter().map(|g| ids(g)).collect();
+            dict.set_item(rolled.id.0, groups)?;
+        }
+        Ok(dict)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "StepReport(step={}, first_tokens={}, generated_tokens={}, finished={})",

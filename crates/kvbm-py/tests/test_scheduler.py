@@ -114,6 +114,24 @@ def test_speculative_outputs_are_lists():
     assert isinstance(report.rolled_back, dict)
 
 
+def test_speculative_steps_with_kv_groups_roll_back_every_groups_tail():
+    scheduler = kvbm.Scheduler(64, 16, groups="sliding_window:32:1,full:1", speculative_tokens=3)
+    scheduler.submit(7, SYSTEM[:62], 20)
+    scheduler.apply(scheduler.step().sample_all(1))
+    plan = scheduler.step()
+    (decode,) = plan.decode
+    # Slots 62 to 65: the drafts reach a fifth block in each group.
+    assert decode.position == 62 and decode.draft_tokens == 3
+    assert [len(new) for _, new in decode.groups] == [1, 1]
+    report = scheduler.apply({7: [21]})  # every draft rejected
+    assert report.accepted_draft_tokens == 0
+    groups = report.rolled_back_groups[7]
+    assert groups == [new for _, new in decode.groups]
+    assert report.rolled_back[7] == groups[0]
+    run_to_completion(scheduler)
+    assert scheduler.audit()["finished"] == 1
+
+
 def test_refusals_change_nothing():
     scheduler = kvbm.Scheduler(16, 16)
     scheduler.submit(1, [1, 2, 3], 4)

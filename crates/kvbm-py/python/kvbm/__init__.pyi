@@ -635,6 +635,10 @@ class StepReport:
     @property
     def rolled_back(self) -> dict[int, list[int]]:
         """Blocks given back after speculative steps, by request."""
+    @property
+    def rolled_back_groups(self) -> dict[int, list[list[int]]]:
+        """With KV cache groups, each group's blocks given back after
+        speculative steps, by request (a list per group, in group order)."""
 
 @final
 class Scheduler:

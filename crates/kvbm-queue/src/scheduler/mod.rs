@@ -238,8 +238,7 @@ impl<M> Scheduler<M> {
     /// # Errors
     ///
     /// As [`new`](Self::new); [`SchedulerError::InvalidGroups`] for groups
-    /// over another block size than the pool's, or with speculative
-    /// decoding configured (not supported with groups yet).
+    /// over another block size than the pool's.
     pub fn with_kv_groups(
         manager: BlockManager<M>,
         config: SchedulerConfig,
@@ -255,12 +254,6 @@ impl<M> Scheduler<M> {
             });
         }
         let one_full = groups.len() == 1 && groups.is_full_attention_only();
-        if !one_full && config.speculative_tokens > 0 {
-            return Err(SchedulerError::InvalidGroups {
-                reason: "speculative decoding with several KV cache groups is not supported yet"
-                    .to_owned(),
-            });
-        }
         if one_full {
             return Self::new(manager, config);
         }

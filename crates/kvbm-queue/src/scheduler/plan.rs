@@ -339,8 +339,13 @@ pub struct StepReport {
 pub struct RolledBack {
     /// The request.
     pub id: RequestId,
-    /// The blocks, in the order they were given back (last table entry first).
+    /// The blocks, in the order they were given back (last table entry
+    /// first); with KV cache groups, the first group's.
     pub blocks: Vec<BlockId>,
+    /// With KV cache groups, each group's blocks given back, in group order
+    /// (each last table entry first; every group gives back as many, as
+    /// groups cover the same slots); empty with one group.
+    pub groups: Vec<Vec<BlockId>>,
 }
 
 /// A request that left the scheduler.

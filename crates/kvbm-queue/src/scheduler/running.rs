@@ -173,11 +173,14 @@ impl<M> Running<M> {
             return 0;
         }
         let drafts = limits.draft_tokens.min(limits.budget - 1);
+        // Every group takes a block for each block of slots the drafts
+        // reach, so the room is shared among them.
         let room = manager
             .available_blocks()
-            .saturating_sub(limits.draft_floor);
+            .saturating_sub(limits.draft_floor)
+            / seq.sequences().len().max(1);
         let coverable = seq
-            .held_blocks()
+            .covered_blocks()
             .saturating_add(room)
             .saturating_mul(seq.block_size());
         drafts
@@ -373,24 +376,39 @@ impl<M> Running<M> {
     }
 
     /// Lists the blocks a speculative apply gave back (the last entries of
-    /// the table before it, `unregistered` being that table's unregistered
-    /// tail) and forgets them as known to the engine.
+    /// the tables before it, which covered `covered_before` blocks;
+    /// `unregistered` is the first table's unregistered tail then,
+    /// `others` every other group's) and forgets them as known to the
+    /// engine. A window's releases at its head do not count: they leave
+    /// the covered blocks as they were.
     fn report_rolled_back(
         &mut self,
-        held_before: usize,
+        covered_before: usize,
         unregistered: &[BlockId],
+        others: &[(usize, Vec<BlockId>)],
         report: &mut StepReport,
     ) {
-        let released = held_before.saturating_sub(self.seq.held_blocks());
+        let released = covered_before.saturating_sub(self.seq.covered_blocks());
         if released == 0 {
             return;
         }
-        let start = unregistered.len().saturating_sub(released);
-        let blocks = unregistered[start..].iter().rev().copied().collect();
+        let tail = |ids: &[BlockId]| -> Vec<BlockId> {
+            let start = ids.len().saturating_sub(released);
+            ids[start..].iter().rev().copied().collect()
+        };
+        let blocks = tail(unregistered);
+        let followers = self.seq.followers().len();
+        let groups = match followers {
+            0 => Vec::new(),
+            _ => std::iter::once(blocks.clone())
+                .chain(others.iter().take(followers).map(|(_, ids)| tail(ids)))
+                .collect(),
+        };
         self.known_blocks = self.known_blocks.saturating_sub(released);
         report.rolled_back.push(RolledBack {
             id: self.id(),
             blocks,
+            groups,
         });
     }
 
@@ -451,8 +469,8 @@ impl<M> Running<M> {
         let lead = self.seq.lead();
         let registered_before = lead.inner().assignments().assigned_end();
         // Only a speculative step gives blocks back (see `report_rolled_back`).
-        let held_before = match work {
-            Work::Speculative { .. } => self.seq.held_blocks(),
+        let covered_before = match work {
+            Work::Speculative { .. } => self.seq.covered_blocks(),
             Work::Prefill { .. } | Work::Decode => 0,
         };
         let block_size = manager.block_size();
@@ -485,7 +503,12 @@ impl<M> Running<M> {
                 report.generated_tokens += scratch.tokens.len();
                 report.verified_draft_tokens += drafts;
                 report.accepted_draft_tokens += output.accepted_drafts.len();
-                self.report_rolled_back(held_before, &scratch.blocks, report);
+                self.report_rolled_back(
+                    covered_before,
+                    &scratch.blocks,
+                    &scratch.other_groups,
+                    report,
+                );
             }
             (Work::Prefill { emits, .. }, token) => {
                 self.seq.apply_prefill(token, manager)?;

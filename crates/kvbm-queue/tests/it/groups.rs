@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kvbm_blocks::{BlockId, BlockManager};
 use kvbm_queue::{
     FinishReason, GroupBlocks, InferenceRequest, RequestId, Scheduler, SchedulerConfig,
-    SchedulerError, StepPlan,
+    SchedulerError, StepPlan, StepReport,
 };
 use kvbm_sequence::{AttentionKind, KvCacheGroup, KvCacheGroups};
 
@@ -90,6 +90,21 @@ impl EngineTables {
         }
     }
 
+    /// Drops the blocks a speculative apply gave back from the end of
+    /// each group's table, checking they are the ones there.
+    fn roll_back(&mut self, report: &StepReport) {
+        for rolled in &report.rolled_back {
+            let tables = self.0.get_mut(&rolled.id).expect("known");
+            assert_eq!(rolled.groups.len(), tables.len(), "every group");
+            assert_eq!(rolled.groups[0], rolled.blocks);
+            for (table, given) in tables.iter_mut().zip(&rolled.groups) {
+                for block in given {
+                    assert_eq!(table.1.pop(), Some(*block), "the tail, last first");
+                }
+            }
+        }
+    }
+
     /// The engine's table from `first` on, as the scheduler's: entries
     /// before the group's first held one are stale but never read.
     fn agrees(&self, s: &Scheduler<Gpu>, id: RequestId, groups: usize) {
@@ -127,12 +142,15 @@ fn slots_are_in_each_groups_table(s: &Scheduler<Gpu>, plan: &StepPlan) {
         }
         for d in &plan.decode {
             let (first, table) = s.group_block_table(d.id, group).unwrap();
-            let slot = slots.next().expect("a slot per token");
-            let block = table[d.position / BS - first];
-            assert_eq!(
-                slot,
-                u64::from(block.get()) * BS as u64 + (d.position % BS) as u64
-            );
+            // The tail token's slot, then each draft's.
+            for position in d.position..=d.position + d.draft_tokens {
+                let slot = slots.next().expect("a slot per token");
+                let block = table[position / BS - first];
+                assert_eq!(
+                    slot,
+                    u64::from(block.get()) * BS as u64 + (position % BS) as u64
+                );
+            }
         }
         assert!(slots.next().is_none());
     }
@@ -313,13 +331,54 @@ fn a_request_whose_windows_alone_exceed_the_pool_ends_at_admission() {
 }
 
 #[test]
+fn speculative_steps_roll_back_every_groups_tail_and_the_engine_tables_follow() {
+    // Four drafts a step, of which the engine accepts 0 to 4 in turn: each
+    // rejection gives back the same tail blocks in every group, and the
+    // engine's tables, following plans and rollbacks, stay the scheduler's.
+    let config = SchedulerConfig::default()
+        .with_chunk_size(8)
+        .with_speculative_tokens(4);
+    let mut s = scheduler(64, config);
+    submit_forty_tokens(&mut s, 30);
+    let mut engine = EngineTables::default();
+    let (mut rolled_back, mut accepted) = (0, 0);
+    for step in 0..100usize {
+        let plan = s.step().unwrap();
+        engine.follow(&plan);
+        slots_are_in_each_groups_table(&s, &plan);
+        let mut outputs = outputs(&plan);
+        for (output, d) in (outputs.iter_mut().skip(plan.prefill.len())).zip(&plan.decode) {
+            let take = step % (d.draft_tokens + 1);
+            output.accepted_drafts = (0..take as u32).map(|t| 3000 + t).collect();
+            accepted += take;
+        }
+        let report = s.apply(&outputs).unwrap();
+        s.audit().expect("conservation");
+        engine.roll_back(&report);
+        rolled_back += report.rolled_back.len();
+        if let Some(id) = s.running_ids().next() {
+            engine.agrees(&s, id, 2);
+            let held = s.held_blocks_by_group();
+            // The window reads 7 tokens back, and drafts reach 4 further.
+            assert!(held[1] <= (WINDOW + 4) / BS + 2, "{held:?}");
+        }
+        if let Some(done) = report.finished.first() {
+            assert_eq!(done.generated_tokens, 30);
+            assert_eq!(s.manager().audit().unwrap().in_use_blocks(), 0);
+            assert!(rolled_back > 0 && accepted > 0, "{rolled_back} {accepted}");
+            assert_eq!(s.census().spec_accepted_tokens, accepted as u64);
+            return;
+        }
+    }
+    panic!("did not finish");
+}
+
+#[test]
 fn bad_groups_are_refused() {
     let other_size = Arc::new(KvCacheGroups::full_attention(16, 2).unwrap());
     let refused = Scheduler::with_kv_groups(pool(8), SchedulerConfig::default(), other_size);
     assert!(matches!(refused, Err(SchedulerError::InvalidGroups { .. })));
     let spec = SchedulerConfig::default().with_speculative_tokens(2);
-    let refused = Scheduler::with_kv_groups(pool(8), spec, full_and_window());
-    assert!(matches!(refused, Err(SchedulerError::InvalidGroups { .. })));
     // One full-attention group is the plain scheduler, drafts and all.
     let one = Arc::new(KvCacheGroups::full_attention(BS, 2).unwrap());
     let s = Scheduler::with_kv_groups(pool(8), spec, one).unwrap();

@@ -203,8 +203,6 @@ fn workload() -> impl Strategy<Value = Workload> {
                 (preemption, boost),
                 groups,
             )| {
-                // Speculative decoding is not offered with groups yet.
-                let spec = if groups.is_some() { 0 } else { spec };
                 let config = SchedulerConfig::default()
                     .with_max_running(max_running)
                     .with_token_budget(budget)

@@ -103,7 +103,10 @@ enum Op {
     Match(usize),
     Prefill(usize, usize),
     Decode(usize),
-    Apply(usize),
+    /// A speculative step verifying some drafts, of which the apply
+    /// accepts some (the second number, modulo what was scheduled + 1).
+    Speculate(usize, usize),
+    Apply(usize, usize),
     Revert(usize),
     Preempt(usize),
     Restart(usize),
@@ -115,7 +118,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => r.clone().prop_map(Op::Match),
         4 => (r.clone(), 1..20usize).prop_map(|(r, n)| Op::Prefill(r, n)),
         4 => r.clone().prop_map(Op::Decode),
-        6 => r.clone().prop_map(Op::Apply),
+        2 => (r.clone(), 1..12usize).prop_map(|(r, n)| Op::Speculate(r, n)),
+        6 => (r.clone(), 0..16usize).prop_map(|(r, n)| Op::Apply(r, n)),
         1 => r.clone().prop_map(Op::Revert),
         1 => r.clone().prop_map(Op::Preempt),
         1 => r.prop_map(Op::Restart),
@@ -143,10 +147,22 @@ fn run(
         Op::Decode(r) => {
             let _ = seqs[pick(r)].schedule_decode(pool);
         }
-        Op::Apply(r) => {
+        Op::Speculate(r, drafts) => {
+            let _ = seqs[pick(r)].schedule_speculative(drafts, pool);
+        }
+        Op::Apply(r, accept) => {
             let seq = &mut seqs[pick(r)];
             let next = 500 + seq.tokens().len() as u32;
             match seq.state() {
+                SequenceState::SpeculativeScheduled { num_tokens, .. } => {
+                    // A prefix of the drafts (the last maybe the token sampled
+                    // after them), at most as many as were scheduled.
+                    let accepted: Vec<u32> = (0..accept % (num_tokens + 1))
+                        .map(|i| next + i as u32)
+                        .collect();
+                    seq.apply_speculative(&accepted, pool)
+                        .expect("a scheduled speculative step applies");
+                }
                 SequenceState::PrefillScheduled { .. } => apply_prefill(seq, next, pool),
                 SequenceState::DecodeScheduled { .. } => {
                     seq.apply_decode(next, pool)
@@ -521,7 +537,7 @@ proptest! {
             prompts.iter().map(|(p, m)| Unfused::new(p, *m, last)).collect();
         for op in &ops {
             let r = match *op {
-                Op::Prefill(r, _) | Op::Decode(r) | Op::Apply(r) | Op::Preempt(r) => {
+                Op::Prefill(r, _) | Op::Decode(r) | Op::Apply(r, _) | Op::Preempt(r) => {
                     r % fused.len()
                 }
                 _ => continue,
@@ -537,7 +553,7 @@ proptest! {
                     let _ = seq.schedule_decode(&fused_pool);
                     reference.schedule(|g| g.schedule_decode(&unfused_pool).is_ok());
                 }
-                Op::Apply(_) => {
+                Op::Apply(..) => {
                     let next = 500 + seq.tokens().len() as u32;
                     match seq.state() {
                         SequenceState::PrefillScheduled { .. } => {

@@ -479,6 +479,18 @@ fn serve_with_a_model_reports_its_groups_and_memory() {
     assert_eq!(cpu["bytes_stored"], stored * 589_824);
     assert_eq!(tiered["finished_requests"], 40);
 
+    // And with drafts: the groups verify them too.
+    let drafted = run(&[
+        "--model",
+        "gpt-oss-120b",
+        "--capacity-bytes",
+        "10e9",
+        "--spec-tokens",
+        "2",
+    ]);
+    assert_eq!(drafted["finished_requests"], 40);
+    assert!(drafted["spec_accepted_tokens"].as_u64().unwrap() > 0);
+
     let plain = run(&[]);
     for field in ["model", "kv_groups", "peak_kv_bytes", "capacity_bytes"] {
         assert!(plain.get(field).is_none(), "{field}");
@@ -603,10 +615,6 @@ fn serve_model_flags_that_do_not_fit_are_refused() {
             ],
         ),
         "--kv-bytes-per-token cannot be combined with --model or --groups",
-    );
-    fails_with(
-        &with(&gpt, &["--spec-tokens", "2"]),
-        "does not work with speculative decoding",
     );
     fails_with(
         &with(&gpt, &["--data-plane", "host"]),

@@ -56,8 +56,7 @@ pub struct ServeConfig {
     /// blocks go down and come back up
     /// ([`Scheduler::with_kv_groups_and_tiers`]), the tiers sized and priced
     /// in the model's blocks; [`tiers`](Self::tiers)' own
-    /// `kv_bytes_per_token` is not read then. It does not work with
-    /// speculative decoding yet ([`validate`](Self::validate) refuses it).
+    /// `kv_bytes_per_token` is not read then.
     pub kv: Option<KvSetup>,
     /// Whether decodes run in place
     /// ([`Scheduler::run_decodes_in_place`]); the results are the same either
@@ -253,9 +252,8 @@ impl ServeConfig {
     ///
     /// [`SimError::InvalidBlockSize`] unless the block size divides 512;
     /// [`SimError::InvalidAcceptance`] unless `spec_accept` is in `0..=1`;
-    /// with [`kv`](Self::kv), [`SimError::KvLayoutUnsupported`] with
-    /// speculative decoding, [`SimError::Groups`] for groups the block size
-    /// does not fit (a window not a multiple of it), and
+    /// with [`kv`](Self::kv), [`SimError::Groups`] for groups the block
+    /// size does not fit (a window not a multiple of it) and
     /// [`SimError::InvalidTiers`] for tiers the model's blocks overflow.
     pub fn validate(&self) -> Result<(), SimError> {
         let block_size = self.block_size;
@@ -269,11 +267,6 @@ impl ServeConfig {
         }
         self.tiers.plan(block_size)?;
         if let Some(kv) = &self.kv {
-            if self.scheduler.speculative_tokens > 0 {
-                return Err(SimError::KvLayoutUnsupported {
-                    with: "speculative decoding (--spec-tokens)",
-                });
-            }
             kv.groups(block_size)?;
             kv.block_bytes(block_size)?;
             self.replay_tiers()?.plan(block_size)?;
