@@ -176,6 +176,8 @@ pub(crate) struct TierSweepArgs {
     pub(crate) threads: Option<usize>,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
     /// Directory for tier_sweep.csv, tier_sweep.md and tier_sweep.svg
     /// (created if missing).
     #[arg(long, value_name = "DIR")]
@@ -194,7 +196,7 @@ impl TierSweepArgs {
                 .map(|&m| HostTierSize::Multiple(m))
                 .collect(),
         };
-        let engine = self.engine.config()?.with_metrics(false);
+        let engine = self.model.engine_config(&self.engine)?.with_metrics(false);
         Ok(kvbm_sim::TierSweepConfig::new(engine)
             .with_sizes(sizes)
             .with_threads(self.threads))
@@ -387,6 +389,24 @@ pub(crate) struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// `engine`'s configuration with the KV layout these flags ask for, if
+    /// any (a model's blocks have their own bytes, so --kv-bytes-per-token
+    /// does not go with one).
+    pub(crate) fn engine_config(&self, engine: &EngineArgs) -> Result<ServeConfig, SimError> {
+        let config = engine.config()?;
+        let Some(kv) = self.setup(&engine.capacity)? else {
+            return Ok(config);
+        };
+        if engine.tiers.kv_bytes_per_token.is_some() {
+            return Err(SimError::ConflictingFlags {
+                flag: "--kv-bytes-per-token",
+                other: "--model or --groups",
+                reason: "a model's blocks have its own bytes (--kv-bytes-per-token-layer)",
+            });
+        }
+        config.with_checked_kv(kv)
+    }
+
     /// The KV layout these flags ask for (`None` without --model or
     /// --groups), refusing flags that do not go together; `capacity` is
     /// the engine's own capacity flags, which a model's bytes replace.
@@ -536,23 +556,13 @@ impl ServeArgs {
     /// The engine's configuration, with the model's KV layout if one is
     /// asked for.
     pub(crate) fn config(&self) -> Result<ServeConfig, SimError> {
-        let config = self.engine.config()?;
-        let Some(kv) = self.model.setup(&self.engine.capacity)? else {
-            return Ok(config);
-        };
-        if self.engine.tiers.kv_bytes_per_token.is_some() {
-            return Err(SimError::ConflictingFlags {
-                flag: "--kv-bytes-per-token",
-                other: "--model or --groups",
-                reason: "a model's blocks have its own bytes (--kv-bytes-per-token-layer)",
-            });
-        }
-        if self.data_plane.is_some() {
+        let config = self.model.engine_config(&self.engine)?;
+        if config.kv.is_some() && self.data_plane.is_some() {
             return Err(SimError::KvLayoutUnsupported {
                 with: "the data plane (--data-plane)",
             });
         }
-        config.with_checked_kv(kv)
+        Ok(config)
     }
 }
 

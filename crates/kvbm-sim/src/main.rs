@@ -265,15 +265,18 @@ fn run_tier_sweep(
     }
     write_trace_summary(out, &loaded, None)?;
     let engine = &config.engine;
+    // A model's blocks have its own bytes (`--kv-bytes-per-token` is not
+    // read with one).
+    let kv = match &engine.kv {
+        None => format!("{} KV bytes per token", engine.tiers.kv_bytes_per_token),
+        Some(kv) if kv.full_attention_only => format!("{}, full attention only", kv.model),
+        Some(kv) => kv.model.to_string(),
+    };
     writeln!(
         out,
         "serve mode by host-tier size: GPU pool {} tokens, block size {}, offload {}, \
-         {} KV bytes per token, host link {} Gbit/s\n",
-        sweep.gpu_tokens,
-        sweep.block_size,
-        engine.tiers.offload,
-        engine.tiers.kv_bytes_per_token,
-        engine.tiers.host_link.gbps,
+         {kv}, host link {} Gbit/s\n",
+        sweep.gpu_tokens, sweep.block_size, engine.tiers.offload, engine.tiers.host_link.gbps,
     )?;
     write!(out, "{}", sweep.to_markdown())?;
     let replays: Vec<String> = (sweep.points.iter())

@@ -106,20 +106,25 @@ impl TierSweepConfig {
         self
     }
 
-    /// The GPU pool in tokens: its size in whole blocks times the block size.
+    /// The GPU pool in tokens: its size in whole blocks times the block
+    /// size. With a model's KV layout ([`ServeConfig::kv`]), tokens of the
+    /// model's KV: its blocks over its groups (each group keeps a block per
+    /// `block_size` tokens), times the block size, which is how a host tier
+    /// of that many tokens holds as many bytes as the GPU
+    /// ([`ServeConfig::tiers`] with a model).
     ///
     /// # Errors
     ///
-    /// As [`ServeConfig::validate`], and the capacity errors of serve mode;
-    /// [`SimError::KvLayoutUnsupported`] for an engine with a model's KV
-    /// layout (tiers do not support one yet).
+    /// As [`ServeConfig::validate`], and the capacity errors of serve mode.
     pub fn gpu_tokens(&self) -> Result<u64, SimError> {
         self.engine.validate()?;
-        if self.engine.kv.is_some() {
-            return Err(SimError::KvLayoutUnsupported { with: "tier-sweep" });
-        }
-        let blocks = (self.engine.capacity).resolve_bounded(self.engine.block_size)?;
-        Ok((blocks as u64).saturating_mul(self.engine.block_size as u64))
+        let block_size = self.engine.block_size;
+        let blocks = self.engine.capacity_blocks()?;
+        let per_group = match &self.engine.kv {
+            None => blocks,
+            Some(kv) => blocks / kv.groups(block_size)?.len().max(1),
+        };
+        Ok((per_group as u64).saturating_mul(block_size as u64))
     }
 
     /// The host tiers the sweep runs, in tokens (whole blocks), ascending
@@ -237,6 +242,15 @@ impl TierPoint {
     /// at first admission, over all prompt tokens.
     pub fn token_hit_rate(&self) -> f64 {
         self.report.hits.token_hit_rate()
+    }
+
+    /// The host tier's size in blocks (0 without one): `host_tokens` over
+    /// the block size, times a model's groups.
+    pub fn host_blocks(&self) -> usize {
+        (self.report.tiers.iter())
+            .flat_map(|t| &t.tiers)
+            .find(|t| t.medium == crate::tiers::HOST)
+            .map_or(0, |t| t.capacity_blocks)
     }
 
     /// Prompt tokens loaded from the tiers below the GPU.
@@ -485,7 +499,7 @@ impl TierSweep {
                 csv,
                 "{},{},{:.6},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{},{},{},{:.3},{},{:.1}",
                 point.host_tokens,
-                point.host_tokens / self.block_size.max(1) as u64,
+                point.host_blocks(),
                 point.multiple,
                 self.gpu_tokens,
                 self.block_size,

@@ -193,6 +193,8 @@ impl Default for TierSetup {
 
 /// The medium of a pool several engines share (a cluster's store).
 pub(crate) const REMOTE: &str = "REMOTE";
+/// The host tier's medium.
+pub(crate) const HOST: &str = "CPU";
 
 /// One lower tier as a replay builds it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -259,7 +261,7 @@ impl TierSetup {
         self.block_bytes(block_size)?;
         let mut tiers = Vec::new();
         for (medium, tokens, link, which) in [
-            ("CPU", self.host_tokens, self.host_link, "host"),
+            (HOST, self.host_tokens, self.host_link, "host"),
             ("DISK", self.disk_tokens, self.disk_link, "disk"),
         ] {
             let Some(tokens) = tokens else {

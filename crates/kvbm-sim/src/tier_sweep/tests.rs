@@ -42,6 +42,31 @@ fn config(sizes: Vec<HostTierSize>) -> TierSweepConfig {
 }
 
 #[test]
+fn a_models_groups_sweep_in_tokens_of_its_kv() {
+    // A full layer and a 128-token window layer, 2,048 bytes a token each:
+    // 32,768-byte blocks, 512 of them in 16 MiB, 256 per group.
+    let model = crate::KvModel::parse_layers("full:1,sliding_window:128:1", 2_048).unwrap();
+    let engine = engine().with_kv(crate::KvSetup::new(model, 512 * 32_768));
+    let config = TierSweepConfig::new(engine).with_sizes(vec![HostTierSize::Multiple(2.0)]);
+    let result = sweep(&config).unwrap();
+    assert_eq!(result.gpu_tokens, 4_096, "256 blocks of 16 tokens a group");
+    let [none, twice] = &result.points[..] else {
+        panic!("two runs");
+    };
+    assert_eq!(twice.host_tokens, 8_192);
+    // Twice the GPU's bytes: 1,024 blocks, 512 a group.
+    assert_eq!(twice.host_blocks(), 1_024);
+    assert_eq!(none.host_blocks(), 0);
+    assert_eq!(twice.onboarded_requests(), 1, "the prompt comes back");
+    assert_eq!(twice.report.requests[3].hit_tokens, 2_048 - 16);
+    for point in &result.points {
+        assert_eq!(point.report.finished_requests(), 4);
+        assert!(point.report.census.is_balanced());
+    }
+    assert!(result.to_csv().contains("8192,1024,"));
+}
+
+#[test]
 fn a_host_tier_twice_the_gpu_brings_the_prefix_back() {
     use HostTierSize::{Multiple, Tokens};
     // 8,192 tokens is 2×: one run, not two.

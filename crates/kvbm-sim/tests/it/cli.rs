@@ -284,6 +284,36 @@ fn sweep_writes_the_table_and_the_plot() {
 }
 
 #[test]
+fn tier_sweep_runs_a_models_groups() {
+    let scratch = Scratch::new("cli-tier-sweep-model");
+    let out = scratch.0.join("results");
+    let output = kvbm_sim(&[
+        "tier-sweep",
+        "--limit",
+        "30",
+        "--model",
+        "gpt-oss-120b",
+        "--capacity-bytes",
+        "2e9",
+        "--host-multiples",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    // 2e9 bytes are 3,390 blocks of 589,824: 1,695 a group, 27,120 tokens.
+    assert!(
+        text.contains("GPU pool 27120 tokens") && text.contains("gpt-oss-120b ("),
+        "{text}"
+    );
+    let csv = std::fs::read_to_string(out.join("tier_sweep.csv")).unwrap();
+    // Twice the GPU's tokens, in two groups' blocks.
+    assert!(csv.contains("\n54240,6780,2.000000,27120,16,"), "{csv}");
+}
+
+#[test]
 fn serve_prints_a_summary_of_the_excerpt() {
     let output = kvbm_sim(&["serve", "--limit", "40"]);
     assert!(output.status.success(), "{}", stderr(&output));
