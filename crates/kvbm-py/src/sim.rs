@@ -573,7 +573,9 @@ pub(crate) fn replay_cache<'py>(
 /// in ``capacity_bytes`` of KV memory (an int, or text such as ``"40G"``)
 /// instead of ``capacity_blocks`` / ``capacity_tokens``;
 /// ``full_attention_only`` treats every layer as full attention. The
-/// report then has ``kv_groups`` and ``peak_kv_bytes``.
+/// report then has ``kv_groups`` and ``peak_kv_bytes``; tiers below the
+/// GPU hold the model's blocks (``host_tier_tokens`` of its KV), so
+/// ``kv_bytes_per_token`` does not go with a model.
 #[pyfunction]
 #[pyo3(signature = (trace = None, **options))]
 pub(crate) fn replay_serve<'py>(
@@ -589,6 +591,14 @@ pub(crate) fn replay_serve<'py>(
         None => None,
     };
     let kv = kv_setup(&options)?;
+    if kv.is_some() && options.given("kv_bytes_per_token")? {
+        return Err(Error::from(RustSimError::ConflictingFlags {
+            flag: "kv_bytes_per_token",
+            other: "model or groups",
+            reason: "a model's blocks have its own bytes (kv_bytes_per_token_layer)",
+        })
+        .into());
+    }
     let mut config = engine(&options)?;
     options.finish()?;
     if let Some(kv) = kv {

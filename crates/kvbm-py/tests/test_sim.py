@@ -58,6 +58,22 @@ def test_serve_replay_of_a_model_reports_its_groups():
     assert grouped["peak_kv_bytes"] <= 40_000_000_000
 
 
+def test_serve_replay_of_a_model_with_a_host_tier_and_drafts():
+    # 2 GB of GPU: prefixes are evicted, and come back from a host tier
+    # holding twice the GPU's bytes (27,120 tokens of KV on the GPU).
+    plain = kvbm.replay_serve(limit=150, model="gpt-oss-120b", capacity_bytes="2G")
+    tiered = kvbm.replay_serve(
+        limit=150, model="gpt-oss-120b", capacity_bytes="2G", host_tier_tokens=54_240,
+        spec_tokens=2,
+    )
+    assert tiered["finished_requests"] == plain["finished_requests"]
+    (host,) = tiered["tiers"]
+    assert host["medium"] == "CPU" and host["capacity_blocks"] == 2 * 54_240 // 16
+    assert tiered["onboarding"]["requests"] > 0
+    assert tiered["spec_accepted_tokens"] > 0
+    assert tiered["token_hit_rate"] > plain["token_hit_rate"]
+
+
 def test_cluster_replay_compares_policies():
     report = kvbm.replay_cluster(
         limit=40, engines=2, policies="round-robin,kv-aware", capacity_tokens=300_000, threads=1
@@ -147,6 +163,13 @@ def test_a_trace_object_replays_many_times():
         (
             lambda: kvbm.replay_serve(
                 limit=5, model="gpt-oss-20b", capacity_bytes="4G", data_plane="host"
+            ),
+            kvbm.InvalidArgumentError,
+        ),
+        (
+            lambda: kvbm.replay_serve(
+                limit=5, model="gpt-oss-20b", capacity_bytes="4G",
+                host_tier_tokens=100_000, kv_bytes_per_token=4096,
             ),
             kvbm.InvalidArgumentError,
         ),

@@ -872,7 +872,7 @@ def replay_serve(
     host_tier_tokens: int | None = None,
     disk_tier_tokens: int | None = None,
     offload: str = "write-through",
-    kv_bytes_per_token: int = 131072,
+    kv_bytes_per_token: int | None = None,
     host_link_gbps: float = ...,
     host_link_setup_us: float = ...,
     disk_link_gbps: float = ...,
@@ -894,8 +894,11 @@ def replay_serve(
     (an int or text such as ``"40G"``; not with ``capacity_blocks`` or
     ``capacity_tokens``); ``full_attention_only`` treats every layer as
     full attention at the same bytes. The report gains ``kv_groups`` and
-    ``peak_kv_bytes``. Raises ``InvalidArgumentError`` for options that do
-    not go together, as the command line refuses its flags."""
+    ``peak_kv_bytes``; tiers below the GPU then hold the model's blocks
+    (``host_tier_tokens`` tokens of its KV, every group's), so
+    ``kv_bytes_per_token`` (131072 by default, an 8B model) is not given
+    with one. Raises ``InvalidArgumentError`` for options that do not go
+    together, as the command line refuses its flags."""
 
 def replay_cluster(
     trace: _TraceArg = None,
