@@ -173,12 +173,15 @@ impl<M> Running<M> {
             return 0;
         }
         let drafts = limits.draft_tokens.min(limits.budget - 1);
+        let mut room = manager
+            .available_blocks()
+            .saturating_sub(limits.draft_floor);
         // Every group takes a block for each block of slots the drafts
         // reach, so the room is shared among them.
-        let room = manager
-            .available_blocks()
-            .saturating_sub(limits.draft_floor)
-            / seq.sequences().len().max(1);
+        let groups = seq.sequences().len();
+        if groups > 1 {
+            room /= groups;
+        }
         let coverable = seq
             .covered_blocks()
             .saturating_add(room)
