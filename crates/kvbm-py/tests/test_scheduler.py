@@ -459,9 +459,10 @@ def test_kv_groups_with_a_host_tier_onboard_only_what_each_group_reads():
     plan = scheduler.step()
     loads = [t for t in plan.transfers if t.kind == "load"]
     assert loads and scheduler.census()["onboarding"] == 1
-    # A hit of four blocks, all evicted from the device: the full group
-    # loads blocks 0-3, the window only the two its 32 tokens read (2, 3).
-    assert [t.num_blocks for t in loads] == [4, 2]
+    # A hit of four blocks, all evicted from the device, in one transfer
+    # from the host: the full group's blocks 0-3, then only the two the
+    # window's 32 tokens read (2, 3).
+    assert [t.num_blocks for t in loads] == [4 + 2]
     scheduler.apply(plan.sample_all(7))
     scheduler.report_transfers(completed=[t.transfer_id for t in loads])
     plan = scheduler.step()

@@ -38,22 +38,10 @@ impl<M> Scheduler<M> {
         }
         // Idle and holding only its matched prefix: cannot fail.
         let _ = parked.seq.release();
-        let mut waits = Vec::new();
-        let mut blocks = 0usize;
-        let mut loaded_from = vec![0usize; tiers.lower_tiers() + 1];
-        for wanted in &plan.to_load {
-            let onboard = tiers.onboard(wanted, room.saturating_sub(blocks));
-            blocks += onboard.blocks;
-            for (total, n) in loaded_from.iter_mut().zip(&onboard.loaded_from) {
-                *total += n;
-            }
-            for id in onboard.transfers {
-                if !waits.contains(&id) {
-                    waits.push(id);
-                }
-            }
-        }
-        if blocks == 0 {
+        // Every group's blocks in one walk: one transfer per source tier,
+        // as for a request of one group.
+        let onboard = tiers.onboard(&plan.to_load, room);
+        if onboard.blocks == 0 {
             // Nothing could be planned (no room on the device): it starts
             // from what the device has, as without tiers.
             drop(pins);
@@ -63,12 +51,12 @@ impl<M> Scheduler<M> {
         let waiting = Onboarding {
             admitted,
             parked,
-            waits,
+            waits: onboard.transfers,
             loaded: pins,
             since: self.next_step,
-            blocks,
+            blocks: onboard.blocks,
         };
-        Ok(self.wait_for_loads(waiting, &loaded_from))
+        Ok(self.wait_for_loads(waiting, &onboard.loaded_from))
     }
 
     /// The loads that extend `seq`'s hit past what the device serves, if
@@ -111,22 +99,20 @@ impl<M> Scheduler<M> {
             return None;
         }
         let mut plan = GroupLoads::default();
-        let mut found = vec![0usize; tiers.lower_tiers() + 1];
         for (g, group) in groups.groups().iter().enumerate() {
             let needed = group.kind().needed_for_hit(hit, block_size);
-            let wanted: Vec<SequenceHash> = (needed.clone())
-                .filter(|&i| !present(&on_device, g, i))
-                .filter_map(|i| hashes[g].get(i).copied())
-                .collect();
-            for (total, n) in found.iter_mut().zip(tiers.lookup(&wanted)) {
-                *total += n;
-            }
+            plan.to_load.extend(
+                (needed.clone())
+                    .filter(|&i| !present(&on_device, g, i))
+                    .filter_map(|i| hashes[g].get(i).copied()),
+            );
             for run in runs_of(&on_device[g], needed) {
                 plan.pin.extend(hashes[g].get(run).map(<[_]>::to_vec));
             }
-            plan.to_load.push(wanted);
         }
-        let loads: usize = plan.to_load.iter().map(Vec::len).sum();
+        let loads = plan.to_load.len();
+        // Per tier level, as one walk over every group's blocks finds them.
+        let found = tiers.lookup(&plan.to_load);
         if loads == 0 || loads > room || found.iter().sum::<usize>() < loads {
             return None;
         }
@@ -147,8 +133,9 @@ struct GroupLoads {
     /// Runs of consecutive blocks the hit needs that the device has (each
     /// pinned by one match).
     pin: Vec<Vec<SequenceHash>>,
-    /// Per group: the hashes the hit needs that only the tiers below have.
-    to_load: Vec<Vec<SequenceHash>>,
+    /// The hashes the hit needs that only the tiers below have, group by
+    /// group.
+    to_load: Vec<SequenceHash>,
 }
 
 /// The maximal runs of `flags` set within `within`.
