@@ -432,15 +432,16 @@ impl<M> Scheduler<M> {
             }
             let skipped = assignments.skipped_count();
             let held_from = registered_before.max(skipped);
-            let mut new = ImmutableBlocks::new();
-            if registered_before < skipped {
-                // A window released some of them in the same apply: they
-                // are cached on the device, found again by their hashes.
-                let hashes = group.inner().sequence().sequence_hashes();
-                let released = hashes.get(registered_before..skipped).unwrap_or_default();
-                new = self.manager.match_blocks(released);
-            }
             let held = (assignments.assigned()).clone_range(held_from - skipped..end - skipped);
+            if registered_before >= skipped {
+                tiers.offload_batch(held);
+                continue;
+            }
+            // A window released some of them in the same apply: they are
+            // cached on the device, found again by their hashes.
+            let hashes = group.inner().sequence().sequence_hashes();
+            let released = hashes.get(registered_before..skipped).unwrap_or_default();
+            let mut new = self.manager.match_blocks(released);
             // Both are this pool's: never refused.
             let _ = new.append(held);
             tiers.offload_batch(new);
