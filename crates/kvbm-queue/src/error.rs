@@ -165,8 +165,7 @@ pub enum SchedulerError {
         value: String,
     },
     /// KV cache groups the scheduler cannot run: blocks of another size
-    /// than the pool's, or combined with speculative decoding (not
-    /// supported with groups yet).
+    /// than the pool's.
     #[error("KV cache groups refused: {reason}")]
     InvalidGroups {
         /// Why.

@@ -137,9 +137,9 @@ pub(crate) struct Simulated;
 /// [`SimError::UnboundedServe`], [`SimError::ZeroCapacity`],
 /// [`SimError::CapacityTooLarge`] or [`SimError::CapacityBelowBlock`] for
 /// a pool that cannot be built; with a model's KV layout
-/// ([`ServeConfig::kv`]), [`SimError::KvLayoutUnsupported`] with tiers or
-/// speculative decoding and [`SimError::Groups`] for groups the block size
-/// does not fit;
+/// ([`ServeConfig::kv`]), [`SimError::Groups`] for groups the block size
+/// does not fit and [`SimError::InvalidTiers`] for tiers its blocks
+/// overflow;
 /// [`SimError::Scheduler`] for a scheduler limit of zero, or if the
 /// scheduler refuses an operation or fails an audit (a bug);
 /// [`SimError::Stalled`] if it stops making progress (a bug);
