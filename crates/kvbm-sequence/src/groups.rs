@@ -5,6 +5,7 @@ use std::fmt;
 use std::ops::Range;
 
 use crate::Salt;
+use crate::hash::GROUP_SHIFT;
 
 /// How the layers of one group attend to earlier tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -469,17 +470,21 @@ impl KvCacheGroups {
 }
 
 impl Salt {
-    /// The salt group `group`'s blocks are hashed under: this salt itself
-    /// for group 0 (so a single-group model keeps today's hashes), and for
-    /// another group this salt tagged with a value derived under its own
-    /// hash function (so a keyed salt's tags are as secret as its hashes).
+    /// The salt group `group`'s blocks are hashed under: this salt with
+    /// `group` in the top 8 bits of every chained value ([`GROUP_SHIFT`]),
+    /// which a chain step leaves 0. Group 0's is this salt itself, so a
+    /// single-group model keeps today's hashes.
     ///
-    /// A tagged salt chains exactly as this one does and XORs the tag onto
-    /// every value: a group's block is cached under the same chained hash
-    /// as group 0's with a group tag keeping the two apart, the way vLLM
-    /// keys a group's blocks by (block hash, group). So the tokens are
-    /// chained once for every group of a request and each other group's
-    /// hashes cost one XOR a block.
+    /// A group's block is so cached under the same 120-bit chained value
+    /// as group 0's and its group number, the way vLLM keys a group's
+    /// blocks by (block hash, group): the tokens are chained once for every
+    /// group of a request, each other group's hashes cost one XOR a block,
+    /// and an event can name the block and its group as vLLM's do
+    /// ([`group_of`](crate::group_of), [`without_group`](crate::without_group)).
+    /// The tag is public, but a keyed
+    /// salt's values stay as secret as group 0's, which they differ from
+    /// in the group alone. Groups past 255 share tag 255 (a model has at
+    /// most [`KvCacheGroups::MAX_GROUPS`]).
     ///
     /// ```
     /// use kvbm_sequence::{BlockSequence, Salt};
@@ -489,6 +494,7 @@ impl Salt {
     /// let full = BlockSequence::with_salt(tokens.clone(), 16, salt.for_group(0))?;
     /// let window = BlockSequence::with_salt(tokens, 16, salt.for_group(1))?;
     /// let tag = salt.for_group(1).get() ^ salt.get();
+    /// assert_eq!(tag, 1 << 120);
     /// for (f, w) in full.sequence_hashes().iter().zip(window.sequence_hashes()) {
     ///     assert_ne!(f.value(), w.value());
     ///     assert_eq!(f.value() ^ tag, w.value());
@@ -499,15 +505,10 @@ impl Salt {
         if group == 0 {
             return self;
         }
-        let group = group as u64;
-        let mark = self.block_hash(&[GROUP_TAG, group as u32, (group >> 32) as u32]);
-        self.tagged(self.untagged_chain_hash(self.untagged(), mark))
+        let group = u8::try_from(group).unwrap_or(u8::MAX);
+        self.tagged(u128::from(group) << GROUP_SHIFT)
     }
 }
-
-/// Marks the block hashed into a group's salt (no token id is this large in
-/// any tokenizer, so no prompt block hashes the same).
-const GROUP_TAG: u32 = u32::MAX - 0x6b76;
 
 #[cfg(test)]
 mod tests;

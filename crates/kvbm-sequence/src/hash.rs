@@ -25,6 +25,41 @@ const CHAIN_SEED: u64 = 0x6b76_626d_5f73_6571; // "kvbm_seq"
 /// Blocks up to this many tokens are encoded on the stack before hashing.
 const STACK_TOKENS: usize = 64;
 
+/// Where a chained value keeps its KV cache group: the top 8 of its 128
+/// bits. A chain step's value leaves them 0, and group `g`'s salt
+/// ([`Salt::for_group`]) puts `g` there, so a group's block is keyed by
+/// the same 120-bit chained value as group 0's and its group, as vLLM keys
+/// a group's blocks by (block hash, group), and an event names both
+/// ([`group_of`], [`without_group`]). 120 bits keep accidental collisions
+/// negligible (about 2^-57 at 2^32 cached blocks).
+pub const GROUP_SHIFT: u32 = 120;
+
+/// The bits of a chained value below its group's.
+const CHAIN_MASK: u128 = (1 << GROUP_SHIFT) - 1;
+
+/// The KV cache group a chained value (a [`BlockSequence`](crate::BlockSequence)'s,
+/// under [`Salt::for_group`]) belongs to: 0 for a model of one group.
+///
+/// ```
+/// use kvbm_sequence::{BlockSequence, Salt, group_of, without_group};
+/// let tokens: Vec<u32> = (0..8).collect();
+/// let full = BlockSequence::with_salt(tokens.clone(), 4, Salt::NONE.for_group(0))?;
+/// let window = BlockSequence::with_salt(tokens, 4, Salt::NONE.for_group(1))?;
+/// let (f, w) = (full.sequence_hashes()[1].value(), window.sequence_hashes()[1].value());
+/// assert_eq!((group_of(f), group_of(w)), (0, 1));
+/// assert_eq!(without_group(w), f);
+/// # Ok::<(), kvbm_sequence::SequenceError>(())
+/// ```
+pub const fn group_of(value: u128) -> usize {
+    (value >> GROUP_SHIFT) as usize
+}
+
+/// A chained value with its group taken off: the same for every group's
+/// block of one prefix (see [`group_of`]).
+pub const fn without_group(value: u128) -> u128 {
+    value & CHAIN_MASK
+}
+
 /// A secret 128-bit key for [keyed block hashing](Salt::keyed).
 ///
 /// Generate it once per deployment from a cryptographic random source and
@@ -225,7 +260,7 @@ impl Salt {
     pub(crate) fn untagged_chain_hash(self, previous: u128, block_hash: u128) -> u128 {
         match self.key {
             None => chain_hash(previous, block_hash),
-            Some(key) => siphash(key, &chain_bytes(previous, block_hash)),
+            Some(key) => siphash(key, &chain_bytes(previous, block_hash)) & CHAIN_MASK,
         }
     }
 }
@@ -343,7 +378,8 @@ fn chain_bytes(previous: u128, block_hash: u128) -> [u8; 32] {
 
 /// Folds a block's [`block_hash`] onto the chained value before it: the
 /// parent block's chained value, or the [`Salt`] for the first block
-/// (XXH3-128, seeded, of the two values' little-endian bytes).
+/// (XXH3-128, seeded, of the two values' little-endian bytes, its top 8
+/// bits cleared for the group: [`GROUP_SHIFT`]).
 ///
 /// The result identifies the block together with its whole prefix, so it is
 /// the prefix-cache key ([`SequenceHash::value`](kvbm_blocks::SequenceHash::value)).
@@ -358,7 +394,7 @@ fn chain_bytes(previous: u128, block_hash: u128) -> [u8; 32] {
 /// # Ok::<(), kvbm_sequence::SequenceError>(())
 /// ```
 pub fn chain_hash(previous: u128, block_hash: u128) -> u128 {
-    xxh3_128_with_seed(&chain_bytes(previous, block_hash), CHAIN_SEED)
+    xxh3_128_with_seed(&chain_bytes(previous, block_hash), CHAIN_SEED) & CHAIN_MASK
 }
 
 #[cfg(test)]
@@ -422,6 +458,25 @@ mod tests {
         // The upper 64 bits matter: values that agree in their low halves
         // chain apart.
         assert_ne!(chain_hash(1, 2), chain_hash(1 | 1 << 64, 2));
+    }
+
+    #[test]
+    fn a_chain_step_leaves_the_group_byte_zero_and_a_group_salt_sets_it() {
+        let key = HashKey::new([3; 16]).leak();
+        for salt in [Salt::NONE, Salt::from_bytes(b"t"), Salt::keyed(key, b"t")] {
+            let mut previous = salt.get();
+            for block in 0..64u128 {
+                let value = salt.chain_hash(previous, block * 0x9e37_79b9);
+                assert_eq!(super::group_of(value), 0, "{salt:?}");
+                // Group 5's chain: its previous value is group 0's, tagged.
+                let tagged = previous ^ 5 << super::GROUP_SHIFT;
+                let grouped = salt.for_group(5).chain_hash(tagged, block * 0x9e37_79b9);
+                assert_eq!(super::group_of(grouped), 5);
+                assert_eq!(super::without_group(grouped), value);
+                previous = value;
+            }
+        }
+        assert_eq!(super::group_of(Salt::NONE.for_group(1000).get()), 255);
     }
 
     #[test]

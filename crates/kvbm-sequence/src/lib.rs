@@ -78,7 +78,7 @@ pub use assignments::LogicalBlockAssignments;
 pub use block_sequence::BlockSequence;
 pub use error::SequenceError;
 pub use groups::{AttentionKind, GroupError, KvCacheGroup, KvCacheGroups};
-pub use hash::{HashKey, Salt, block_hash, chain_hash};
+pub use hash::{GROUP_SHIFT, HashKey, Salt, block_hash, chain_hash, group_of, without_group};
 pub use hashed_prompt::HashedPrompt;
 pub use request::RequestSequence;
 pub use tokens::{PromptTokens, Tokens};

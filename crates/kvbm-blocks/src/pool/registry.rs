@@ -31,12 +31,16 @@ impl Registry {
         }
     }
 
-    /// The bucket hash of a key: the seeded hash of its low 64 bits. Keys
-    /// are outputs of XXH3-128 or keyed SipHash, uniform in every bit, and
-    /// the per-pool seed keeps buckets unpredictable even for keys an
-    /// attacker can compute; crowding one bucket would take values sharing
-    /// their low 64 bits (a 2^64 search each). Hashing the whole `u128` cost
-    /// two extra multiplies per lookup for nothing.
+    /// The bucket hash of a key: the seeded hash of its two 64-bit halves
+    /// XORed. Keys are outputs of XXH3-128 or keyed SipHash, uniform in
+    /// their low bits, and the per-pool seed keeps buckets unpredictable
+    /// even for keys an attacker can compute; crowding one bucket would take
+    /// values whose halves XOR alike (a 2^64 search each). The high half
+    /// counts because keys may differ in it alone: a model's KV cache
+    /// groups key one prefix's blocks by the same low bits and a group
+    /// number on top (kvbm-sequence's `GROUP_SHIFT`), which would otherwise
+    /// share a bucket. Hashing the whole `u128` cost two extra multiplies
+    /// per lookup; the XOR costs one instruction.
     #[inline]
     pub(super) fn hash(&self, value: u128) -> u64 {
         bucket_hash(&self.hasher, value)
@@ -119,5 +123,5 @@ impl Registry {
 /// The one hash every table operation uses for a key (see [`Registry::hash`]).
 #[inline]
 fn bucket_hash(hasher: &RandomState, value: u128) -> u64 {
-    hasher.hash_one(value as u64)
+    hasher.hash_one(value as u64 ^ (value >> 64) as u64)
 }
