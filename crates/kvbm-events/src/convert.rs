@@ -1,10 +1,13 @@
 //! [`WireFormat`]: a block pool's [`EventMessage`]s as vLLM batches.
 
 use kvbm_blocks::{CacheEvent, EventMessage, SequenceHash};
+use kvbm_sequence::{group_of, without_group};
 use serde::Serialize;
 use serde::ser::{SerializeSeq, Serializer};
 
-use crate::{BlockHash, BlockRemoved, BlockStored, EventError, HashForm, KvEvent, KvEventBatch};
+use crate::{
+    BlockHash, BlockRemoved, BlockStored, EventError, HashForm, KvEvent, KvEventBatch, WireGroup,
+};
 
 /// How one engine's cache events are written on vLLM's wire: its block
 /// size, how hashes are sent, the medium, LoRA and data-parallel rank.
@@ -38,6 +41,9 @@ pub struct WireFormat {
     medium: Option<String>,
     lora_name: Option<String>,
     data_parallel_rank: Option<i64>,
+    /// A model's KV cache groups, by index (`None`: one group, no group
+    /// fields written).
+    groups: Option<Vec<WireGroup>>,
 }
 
 impl WireFormat {
@@ -52,7 +58,50 @@ impl WireFormat {
             medium: Some("GPU".to_owned()),
             lora_name: None,
             data_parallel_rank: Some(0),
+            groups: None,
         }
+    }
+
+    /// An engine whose model's layers form KV cache groups, described by
+    /// index (kvbm-sequence's `Salt::for_group` keeps a block's group in
+    /// its hash: [`group_of`](kvbm_sequence::group_of)): every event says
+    /// its group, as vLLM 0.33's do, with the group taken off the block
+    /// hashes (a block of one prefix hashes alike in every group, as in
+    /// vLLM); a `BlockStored` also says the group's kind and window
+    /// ([`WireGroup`]), and a removal of blocks of several groups is one
+    /// `BlockRemoved` per group.
+    ///
+    /// ```
+    /// use kvbm_events::{KvEvent, WireFormat, WireGroup};
+    /// use kvbm_sequence::{AttentionKind, BlockSequence, Salt};
+    ///
+    /// let groups = [AttentionKind::Full, AttentionKind::SlidingWindow { window: 128 }];
+    /// let format = WireFormat::new(4)
+    ///     .with_kv_groups(groups.iter().map(|&kind| WireGroup::from_attention(kind)).collect());
+    /// let tokens: Vec<u32> = (0..4).collect();
+    /// let window = BlockSequence::with_salt(tokens.clone(), 4, Salt::NONE.for_group(1))?;
+    /// let full = BlockSequence::with_salt(tokens.clone(), 4, Salt::NONE.for_group(0))?;
+    /// let stored = kvbm_blocks::CacheEvent::Stored {
+    ///     parent: None,
+    ///     hashes: &[window.sequence_hashes()[0].value()],
+    ///     tokens: &tokens,
+    /// };
+    /// let wire = format.events_of(stored);
+    /// let KvEvent::BlockStored(event) = &wire[0] else { panic!() };
+    /// assert_eq!(event.group_idx, Some(1));
+    /// assert_eq!(event.kv_cache_spec_sliding_window, Some(128));
+    /// // The hash is group 0's.
+    /// assert_eq!(event.block_hashes[0], format.hash(full.sequence_hashes()[0]));
+    /// # Ok::<(), kvbm_sequence::SequenceError>(())
+    /// ```
+    pub fn with_kv_groups(mut self, groups: Vec<WireGroup>) -> Self {
+        self.groups = Some(groups);
+        self
+    }
+
+    /// The KV cache groups events name ([`with_kv_groups`](Self::with_kv_groups)).
+    pub fn kv_groups(&self) -> Option<&[WireGroup]> {
+        self.groups.as_deref()
     }
 
     /// How hashes are written (bytes by default).
@@ -95,9 +144,34 @@ impl WireFormat {
         self.hash_value(hash.value())
     }
 
-    /// The wire form of one hash value ([`SequenceHash::value`]).
+    /// The wire form of one hash value ([`SequenceHash::value`]); with KV
+    /// cache groups, without the group.
     pub fn hash_value(&self, value: u128) -> BlockHash {
-        BlockHash::from_value(value, self.hash_form)
+        BlockHash::from_value(self.wire_value(value), self.hash_form)
+    }
+
+    /// The value a hash is written from: with KV cache groups, the group
+    /// taken off.
+    fn wire_value(&self, value: u128) -> u128 {
+        match self.groups {
+            Some(_) => without_group(value),
+            None => value,
+        }
+    }
+
+    /// The group index and description an event of blocks of `value`'s
+    /// group says (`None` without KV cache groups).
+    fn group(&self, value: u128) -> Option<(i64, Option<&WireGroup>)> {
+        let groups = self.groups.as_ref()?;
+        let index = group_of(value);
+        Some((index as i64, groups.get(index)))
+    }
+
+    /// The runs of `hashes` of one group each (one run of all without KV
+    /// cache groups): a removal's events.
+    fn group_runs<'h>(&self, hashes: &'h [u128]) -> impl Iterator<Item = &'h [u128]> {
+        let grouped = self.groups.is_some();
+        hashes.chunk_by(move |&a, &b| !grouped || group_of(a) == group_of(b))
     }
 
     /// The wire events of one message. A [`Resync`](kvbm_blocks::Resync)
@@ -106,32 +180,63 @@ impl WireFormat {
     /// the safe error (a missed hit, never a route to a block that is gone).
     pub fn events(&self, message: &EventMessage) -> Vec<KvEvent> {
         match message {
-            EventMessage::Batch(batch) => batch.events().map(|e| self.event(e)).collect(),
+            EventMessage::Batch(batch) => {
+                let mut out = Vec::with_capacity(batch.len());
+                for event in batch.events() {
+                    self.push_events(event, &mut out);
+                }
+                out
+            }
             EventMessage::Resync(_) => vec![KvEvent::AllBlocksCleared],
         }
     }
 
-    /// One event in vLLM's form.
-    pub fn event(&self, event: CacheEvent<'_>) -> KvEvent {
+    /// One event in vLLM's form: one `KvEvent`, or with KV cache groups one
+    /// per group a removal's blocks span.
+    pub fn events_of(&self, event: CacheEvent<'_>) -> Vec<KvEvent> {
+        let mut out = Vec::with_capacity(1);
+        self.push_events(event, &mut out);
+        out
+    }
+
+    /// [`events_of`](Self::events_of), appended to `out`.
+    pub fn push_events(&self, event: CacheEvent<'_>, out: &mut Vec<KvEvent>) {
         match event {
             CacheEvent::Stored {
                 parent,
                 hashes,
                 tokens,
-            } => KvEvent::BlockStored(BlockStored {
-                block_hashes: hashes.iter().map(|&h| self.hash_value(h)).collect(),
-                parent_block_hash: parent.map(|parent| self.hash_value(parent)),
-                token_ids: tokens.to_vec(),
-                block_size: self.block_size,
-                lora_id: None,
-                medium: self.medium.clone(),
-                lora_name: self.lora_name.clone(),
-            }),
-            CacheEvent::Removed { hashes } => KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: hashes.iter().map(|&h| self.hash_value(h)).collect(),
-                medium: self.medium.clone(),
-            }),
-            CacheEvent::Cleared => KvEvent::AllBlocksCleared,
+            } => {
+                let mut stored = BlockStored {
+                    block_hashes: hashes.iter().map(|&h| self.hash_value(h)).collect(),
+                    parent_block_hash: parent.map(|parent| self.hash_value(parent)),
+                    token_ids: tokens.to_vec(),
+                    block_size: self.block_size,
+                    lora_id: None,
+                    medium: self.medium.clone(),
+                    lora_name: self.lora_name.clone(),
+                    group_idx: None,
+                    kv_cache_spec_kind: None,
+                    kv_cache_spec_sliding_window: None,
+                };
+                let first = hashes.first().copied().or(parent).unwrap_or(0);
+                if let Some((index, group)) = self.group(first) {
+                    stored.group_idx = Some(index);
+                    stored.kv_cache_spec_kind = group.map(|g| g.kind.clone());
+                    stored.kv_cache_spec_sliding_window = group.and_then(|g| g.sliding_window);
+                }
+                out.push(KvEvent::BlockStored(stored));
+            }
+            CacheEvent::Removed { hashes } => {
+                for run in self.group_runs(hashes) {
+                    out.push(KvEvent::BlockRemoved(BlockRemoved {
+                        block_hashes: run.iter().map(|&h| self.hash_value(h)).collect(),
+                        medium: self.medium.clone(),
+                        group_idx: (run.first()).and_then(|&h| self.group(h)).map(|(i, _)| i),
+                    }));
+                }
+            }
+            CacheEvent::Cleared => out.push(KvEvent::AllBlocksCleared),
         }
     }
 
@@ -177,9 +282,24 @@ impl Serialize for EventsView<'_> {
         let Self(format, message) = *self;
         match message {
             EventMessage::Batch(batch) => {
-                let mut seq = serializer.serialize_seq(Some(batch.len()))?;
+                let count = (batch.events())
+                    .map(|event| match event {
+                        CacheEvent::Removed { hashes } => format.group_runs(hashes).count(),
+                        CacheEvent::Stored { .. } | CacheEvent::Cleared => 1,
+                    })
+                    .sum();
+                let mut seq = serializer.serialize_seq(Some(count))?;
                 for event in batch.events() {
-                    seq.serialize_element(&EventView::new(format, event))?;
+                    match event {
+                        CacheEvent::Removed { hashes } => {
+                            for run in format.group_runs(hashes) {
+                                seq.serialize_element(&EventView::removed(format, run))?;
+                            }
+                        }
+                        CacheEvent::Stored { .. } | CacheEvent::Cleared => {
+                            seq.serialize_element(&EventView::new(format, event))?;
+                        }
+                    }
                 }
                 seq.end()
             }
@@ -204,48 +324,76 @@ enum EventView<'a> {
         lora_id: Option<i64>,
         medium: Option<&'a str>,
         lora_name: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        group_idx: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        kv_cache_spec_kind: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        kv_cache_spec_sliding_window: Option<i64>,
     },
     BlockRemoved {
         block_hashes: HashesView<'a>,
         medium: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        group_idx: Option<i64>,
     },
     AllBlocksCleared,
 }
 
 impl<'a> EventView<'a> {
+    /// A stored run or a clear (a removal is [`removed`](Self::removed),
+    /// one group's run at a time).
     fn new(format: &'a WireFormat, event: CacheEvent<'a>) -> Self {
         match event {
             CacheEvent::Stored {
                 parent,
                 hashes,
                 tokens,
-            } => EventView::BlockStored {
-                block_hashes: HashesView(format.hash_form, hashes),
-                parent_block_hash: parent.map(|parent| format.hash_value(parent)),
-                token_ids: tokens,
-                block_size: format.block_size,
-                lora_id: None,
-                medium: format.medium.as_deref(),
-                lora_name: format.lora_name.as_deref(),
-            },
-            CacheEvent::Removed { hashes } => EventView::BlockRemoved {
-                block_hashes: HashesView(format.hash_form, hashes),
-                medium: format.medium.as_deref(),
-            },
+            } => {
+                let first = hashes.first().copied().or(parent).unwrap_or(0);
+                let group = format.group(first);
+                EventView::BlockStored {
+                    block_hashes: HashesView(format, hashes),
+                    parent_block_hash: parent.map(|parent| format.hash_value(parent)),
+                    token_ids: tokens,
+                    block_size: format.block_size,
+                    lora_id: None,
+                    medium: format.medium.as_deref(),
+                    lora_name: format.lora_name.as_deref(),
+                    group_idx: group.map(|(index, _)| index),
+                    kv_cache_spec_kind: group.and_then(|(_, g)| g).map(|g| g.kind.as_str()),
+                    kv_cache_spec_sliding_window: group
+                        .and_then(|(_, g)| g)
+                        .and_then(|g| g.sliding_window),
+                }
+            }
+            CacheEvent::Removed { hashes } => Self::removed(format, hashes),
             CacheEvent::Cleared => EventView::AllBlocksCleared,
+        }
+    }
+
+    /// The removal of `hashes`, blocks of one group.
+    fn removed(format: &'a WireFormat, hashes: &'a [u128]) -> Self {
+        EventView::BlockRemoved {
+            block_hashes: HashesView(format, hashes),
+            medium: format.medium.as_deref(),
+            group_idx: (hashes.first())
+                .and_then(|&h| format.group(h))
+                .map(|(i, _)| i),
         }
     }
 }
 
 /// Hashes in their wire form, converted as they are written.
-struct HashesView<'a>(HashForm, &'a [u128]);
+struct HashesView<'a>(&'a WireFormat, &'a [u128]);
 
 impl Serialize for HashesView<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.1.len()))?;
-        for hash in self.1 {
-            match self.0 {
-                HashForm::Int64 => seq.serialize_element(&(*hash as u64))?,
+        for &hash in self.1 {
+            let hash = self.0.wire_value(hash);
+            match self.0.hash_form {
+                HashForm::Int64 => seq.serialize_element(&(hash as u64))?,
                 HashForm::Bytes => {
                     seq.serialize_element(serde_bytes::Bytes::new(&hash.to_be_bytes()))?;
                 }

@@ -56,7 +56,7 @@ pub use transport::{
     Publisher, PublisherConfig, PublisherStats, Received, Subscriber, SubscriberConfig,
     SubscriberStats,
 };
-pub use wire::{BlockRemoved, BlockStored, KvEvent, KvEventBatch};
+pub use wire::{BlockRemoved, BlockStored, KvEvent, KvEventBatch, WireGroup};
 
 /// The README's examples, run as doctests (the item exists only then).
 #[cfg(doctest)]

@@ -1,5 +1,6 @@
 //! The payload types, field for field as vLLM 0.33's msgspec structs.
 
+use kvbm_sequence::AttentionKind;
 use serde::{Deserialize, Serialize};
 
 use crate::BlockHash;
@@ -84,6 +85,20 @@ pub struct BlockStored {
     pub medium: Option<String>,
     /// The LoRA adapter the blocks belong to, if any.
     pub lora_name: Option<String>,
+    /// The KV cache group the blocks belong to, for a model whose layers
+    /// form several (vLLM 0.33 sends it on every event; a block's hash is
+    /// the same in every group, so consumers key blocks by both). Left out
+    /// when `None`, as msgspec leaves out a default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_idx: Option<i64>,
+    /// The group's attention kind, as vLLM's `KVCacheSpecKind` names it
+    /// (`"full_attention"`, `"sliding_window"`,
+    /// `"chunked_local_attention"`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_spec_kind: Option<String>,
+    /// A sliding-window group's window, in tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_spec_sliding_window: Option<i64>,
 }
 
 /// vLLM's `BlockRemoved`: blocks that left the cache.
@@ -94,6 +109,10 @@ pub struct BlockRemoved {
     pub block_hashes: Vec<BlockHash>,
     /// Where the blocks lived.
     pub medium: Option<String>,
+    /// The KV cache group the blocks belonged to (see
+    /// [`BlockStored::group_idx`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_idx: Option<i64>,
 }
 
 impl BlockStored {
@@ -114,6 +133,9 @@ impl BlockStored {
             lora_id: None,
             medium: None,
             lora_name: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
         }
     }
 
@@ -128,6 +150,59 @@ impl BlockStored {
         self.lora_name = Some(lora_name.into());
         self
     }
+
+    /// The same event, for KV cache group `index` of the kind `group`
+    /// describes.
+    pub fn with_group(mut self, index: i64, group: &WireGroup) -> Self {
+        self.group_idx = Some(index);
+        self.kv_cache_spec_kind = Some(group.kind.clone());
+        self.kv_cache_spec_sliding_window = group.sliding_window;
+        self
+    }
+}
+
+/// What vLLM's events say of a KV cache group besides its index: its
+/// attention kind (`kv_cache_spec_kind`) and a sliding window's size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WireGroup {
+    /// vLLM's `KVCacheSpecKind` value, e.g. `"full_attention"`.
+    pub kind: String,
+    /// The window of a sliding-window group, in tokens.
+    pub sliding_window: Option<i64>,
+}
+
+impl WireGroup {
+    /// A group of `kind` (vLLM's `KVCacheSpecKind` value) with
+    /// `sliding_window` tokens of window, if it slides.
+    pub fn new(kind: impl Into<String>, sliding_window: Option<i64>) -> Self {
+        Self {
+            kind: kind.into(),
+            sliding_window,
+        }
+    }
+
+    /// The group of an [`AttentionKind`]: `full_attention`,
+    /// `sliding_window` with its window, `chunked_local_attention`, as
+    /// vLLM 0.33 names them; `unknown` for a kind it has no name for.
+    ///
+    /// ```
+    /// use kvbm_events::WireGroup;
+    /// use kvbm_sequence::AttentionKind;
+    /// let window = WireGroup::from_attention(AttentionKind::SlidingWindow { window: 128 });
+    /// assert_eq!((window.kind.as_str(), window.sliding_window), ("sliding_window", Some(128)));
+    /// ```
+    pub fn from_attention(kind: AttentionKind) -> Self {
+        match kind {
+            AttentionKind::Full => Self::new("full_attention", None),
+            AttentionKind::SlidingWindow { window } => Self::new(
+                "sliding_window",
+                Some(i64::try_from(window).unwrap_or(i64::MAX)),
+            ),
+            AttentionKind::ChunkedLocal { .. } => Self::new("chunked_local_attention", None),
+            _ => Self::new("unknown", None),
+        }
+    }
 }
 
 impl BlockRemoved {
@@ -136,12 +211,19 @@ impl BlockRemoved {
         Self {
             block_hashes,
             medium: None,
+            group_idx: None,
         }
     }
 
     /// The same event, on `medium`.
     pub fn with_medium(mut self, medium: impl Into<String>) -> Self {
         self.medium = Some(medium.into());
+        self
+    }
+
+    /// The same event, for KV cache group `index`.
+    pub fn with_group(mut self, index: i64) -> Self {
+        self.group_idx = Some(index);
         self
     }
 }

@@ -371,6 +371,11 @@ impl Router {
 
     /// Applies one of `worker`'s events.
     ///
+    /// For a model whose layers form KV cache groups, prefixes are scored
+    /// on group 0 (full attention, as vLLM and kvbm order groups): the
+    /// other groups' events (`group_idx` above 0) are left out, since their
+    /// blocks hash as group 0's do and would stand for them.
+    ///
     /// # Errors
     ///
     /// [`RouterError::UnknownWorker`]; for a `BlockStored`,
@@ -379,6 +384,14 @@ impl Router {
     /// worker's refusal counters).
     pub fn apply(&self, worker: WorkerId, event: &KvEvent) -> Result<(), RouterError> {
         let state = self.worker(worker)?;
+        let other_group = match event {
+            KvEvent::BlockStored(stored) => stored.group_idx,
+            KvEvent::BlockRemoved(removed) => removed.group_idx,
+            _ => None,
+        };
+        if other_group.is_some_and(|group| group != 0) {
+            return Ok(());
+        }
         let mut tally = lock(&state.tally);
         let stats = &mut tally.stats;
         match event {

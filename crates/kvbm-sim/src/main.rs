@@ -209,7 +209,7 @@ fn run_serve(args: &ServeArgs, out: &mut impl Write, progress: &mut Bar) -> Resu
     let exporter = install_exporter(&args.metrics)?;
     let config = args.config()?.with_metrics(exporter.is_some());
     let loaded = load_replay(&args.trace, progress)?;
-    let mut sink = event_sink(args, config.block_size)?;
+    let mut sink = event_sink(args, &config)?;
     let events = sink
         .as_mut()
         .map(|sink| sink as &mut dyn kvbm_sim::EventSink);
@@ -385,19 +385,18 @@ fn check_features(args: &ServeArgs) -> Result<(), SimError> {
 #[cfg(feature = "kv-events")]
 fn event_sink(
     args: &ServeArgs,
-    block_size: usize,
+    config: &kvbm_sim::ServeConfig,
 ) -> Result<Option<kvbm_sim::ZmqEventSink>, Failure> {
-    use kvbm_events::{HashForm, PublisherConfig, WireFormat};
+    use kvbm_events::{HashForm, PublisherConfig};
     let Some(endpoint) = &args.kv_events else {
         return Ok(None);
     };
+    let format = config.wire_format()?.with_hash_form(HashForm::Int64);
     let mut config =
         PublisherConfig::new(endpoint.clone()).with_topic(args.kv_events_topic.clone());
     if let Some(replay) = &args.kv_events_replay {
         config = config.with_replay(replay.clone());
     }
-    let block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
-    let format = WireFormat::new(block_size).with_hash_form(HashForm::Int64);
     let wanted = cli::check_subscribers(args.kv_events_subscribers)?;
     let mut sink = kvbm_sim::ZmqEventSink::new(&config, format)?;
     if args.kv_events_wait_ms > 0 && wanted > 0 {
@@ -427,7 +426,10 @@ fn close_sink(_: NoSink) {}
 
 /// Without the `kv-events` feature, `--kv-events` is refused.
 #[cfg(not(feature = "kv-events"))]
-fn event_sink(args: &ServeArgs, _block_size: usize) -> Result<Option<NoSink>, Failure> {
+fn event_sink(
+    args: &ServeArgs,
+    _config: &kvbm_sim::ServeConfig,
+) -> Result<Option<NoSink>, Failure> {
     cli::check_subscribers(args.kv_events_subscribers)?;
     match args.kv_events {
         Some(_) => Err(SimError::FeatureDisabled {

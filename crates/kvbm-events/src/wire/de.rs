@@ -73,6 +73,9 @@ enum Key {
     LoraId,
     Medium,
     LoraName,
+    GroupIdx,
+    KvCacheSpecKind,
+    KvCacheSpecSlidingWindow,
     Other,
 }
 
@@ -101,6 +104,9 @@ impl<'de> Deserialize<'de> for Key {
                     b"lora_id" => Key::LoraId,
                     b"medium" => Key::Medium,
                     b"lora_name" => Key::LoraName,
+                    b"group_idx" => Key::GroupIdx,
+                    b"kv_cache_spec_kind" => Key::KvCacheSpecKind,
+                    b"kv_cache_spec_sliding_window" => Key::KvCacheSpecSlidingWindow,
                     _ => Key::Other,
                 })
             }
@@ -153,6 +159,9 @@ impl<'de> Visitor<'de> for EventVisitor {
         let mut lora_id: Option<Option<i64>> = None;
         let mut medium: Option<Option<String>> = None;
         let mut lora_name: Option<Option<String>> = None;
+        let mut group_idx: Option<Option<i64>> = None;
+        let mut spec_kind: Option<Option<String>> = None;
+        let mut sliding_window: Option<Option<i64>> = None;
         while let Some(key) = map.next_key::<Key>()? {
             match key {
                 Key::Type => fill(&mut map, "type", &mut tag)?,
@@ -165,6 +174,13 @@ impl<'de> Visitor<'de> for EventVisitor {
                 Key::LoraId => fill(&mut map, "lora_id", &mut lora_id)?,
                 Key::Medium => fill(&mut map, "medium", &mut medium)?,
                 Key::LoraName => fill(&mut map, "lora_name", &mut lora_name)?,
+                Key::GroupIdx => fill(&mut map, "group_idx", &mut group_idx)?,
+                Key::KvCacheSpecKind => fill(&mut map, "kv_cache_spec_kind", &mut spec_kind)?,
+                Key::KvCacheSpecSlidingWindow => fill(
+                    &mut map,
+                    "kv_cache_spec_sliding_window",
+                    &mut sliding_window,
+                )?,
                 Key::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -181,10 +197,14 @@ impl<'de> Visitor<'de> for EventVisitor {
                 lora_id: lora_id.flatten(),
                 medium: medium.flatten(),
                 lora_name: lora_name.flatten(),
+                group_idx: group_idx.flatten(),
+                kv_cache_spec_kind: spec_kind.flatten(),
+                kv_cache_spec_sliding_window: sliding_window.flatten(),
             }),
             Tag::BlockRemoved => KvEvent::BlockRemoved(BlockRemoved {
                 block_hashes: required(block_hashes, "block_hashes")?.0,
                 medium: medium.flatten(),
+                group_idx: group_idx.flatten(),
             }),
             Tag::AllBlocksCleared => KvEvent::AllBlocksCleared,
         })

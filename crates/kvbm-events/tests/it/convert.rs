@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use kvbm_blocks::{BlockManager, EventBatch, EventMessage, Resync, SequenceHash};
-use kvbm_events::{BlockHash, HashForm, KvEvent, WireFormat, decode, encode};
+use kvbm_events::{BlockHash, HashForm, KvEvent, WireFormat, WireGroup, decode, encode};
+use kvbm_sequence::{AttentionKind, group_of};
 use proptest::prelude::*;
 
 struct Gpu;
@@ -68,15 +69,35 @@ fn batch_of(events: &[Event]) -> EventBatch {
 fn format() -> impl Strategy<Value = WireFormat> {
     let form = prop_oneof![Just(HashForm::Bytes), Just(HashForm::Int64)];
     let text = prop::option::of("[a-zA-Z]{0,6}");
-    (form, text.clone(), text, prop::option::of(any::<i64>())).prop_map(
-        |(form, medium, lora, rank)| {
-            WireFormat::new(4)
+    // A model's KV cache groups half the time: the group rides in a hash's
+    // top byte, random here, so most blocks name a group past the list.
+    let groups = prop::option::of(prop::collection::vec(
+        prop_oneof![
+            Just(WireGroup::from_attention(AttentionKind::Full)),
+            (1..4096usize).prop_map(|window| WireGroup::from_attention(
+                AttentionKind::SlidingWindow { window }
+            )),
+        ],
+        1..4,
+    ));
+    (
+        form,
+        text.clone(),
+        text,
+        prop::option::of(any::<i64>()),
+        groups,
+    )
+        .prop_map(|(form, medium, lora, rank, groups)| {
+            let format = WireFormat::new(4)
                 .with_hash_form(form)
                 .with_medium(medium)
                 .with_lora_name(lora)
-                .with_rank(rank)
-        },
-    )
+                .with_rank(rank);
+            match groups {
+                Some(groups) => format.with_kv_groups(groups),
+                None => format,
+            }
+        })
 }
 
 proptest! {
@@ -96,6 +117,32 @@ proptest! {
         prop_assert_eq!(&bytes, &encode(&batch).unwrap());
         let decoded = decode(&bytes).unwrap();
         prop_assert_eq!(decoded.events(), batch.events());
+        // With groups, a removal is one event per run of one group, each
+        // naming it, and no hash keeps its group.
+        if let (Some(_), EventMessage::Batch(_)) = (format.kv_groups(), &message) {
+            let runs: usize = (events.iter())
+                .map(|event| match event {
+                    Event::Removed(hashes) => values(hashes)
+                        .chunk_by(|&a, &b| group_of(a) == group_of(b))
+                        .count(),
+                    Event::Stored(..) | Event::Cleared => 1,
+                })
+                .sum();
+            prop_assert_eq!(batch.events().len(), runs);
+            for event in batch.events() {
+                let (hashes, group) = match event {
+                    KvEvent::BlockStored(s) => (&s.block_hashes, s.group_idx),
+                    KvEvent::BlockRemoved(r) => (&r.block_hashes, r.group_idx),
+                    _ => continue,
+                };
+                prop_assert!(group.is_some());
+                for hash in hashes {
+                    if let BlockHash::Bytes(bytes) = hash {
+                        prop_assert_eq!(bytes[0], 0, "the group is off the hash");
+                    }
+                }
+            }
+        }
     }
 }
 

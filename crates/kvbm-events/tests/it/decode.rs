@@ -2,7 +2,7 @@
 //! keys in any order, fields kvbm does not know, fields missing, twice or
 //! of the wrong type, and values nested deep enough to exhaust a stack.
 
-use kvbm_events::{BlockHash, BlockRemoved, BlockStored, EventError, KvEvent, decode};
+use kvbm_events::{BlockHash, BlockRemoved, BlockStored, EventError, KvEvent, WireGroup, decode};
 
 use crate::msgpack::{Value, batch, fields, map, str, uints};
 
@@ -104,7 +104,13 @@ fn a_vllm_like_event_with_nested_extra_keys_decodes() {
         ("session_id", Value::Bin(vec![0xff; 16])),
         ("lookahead_token_ids", uints([9, 10])),
     ]);
-    assert_eq!(decoded(vec![event(&vllm)]), Ok(vec![stored()]));
+    // The group's fields are kept, the others skipped.
+    let group = WireGroup::new("sliding_window", Some(4096));
+    let expected = match stored() {
+        KvEvent::BlockStored(stored) => KvEvent::BlockStored(stored.with_group(1, &group)),
+        other => other,
+    };
+    assert_eq!(decoded(vec![event(&vllm)]), Ok(vec![expected]));
 }
 
 /// Unknown fields are skipped whatever they hold, nil and empty included,

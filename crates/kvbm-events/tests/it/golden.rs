@@ -8,7 +8,9 @@
 //! hash forms, ranks, LoRA names, and the newer optional fields a reader
 //! must skip.
 
-use kvbm_events::{BlockHash, BlockRemoved, BlockStored, HashForm, KvEvent, KvEventBatch};
+use kvbm_events::{
+    BlockHash, BlockRemoved, BlockStored, HashForm, KvEvent, KvEventBatch, WireGroup,
+};
 
 const VLLM_HEX: &str = "93cb3ff800000000000093de0008a474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573920b0cb1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c083a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573910ba66d656469756da347505581a474797065b0416c6c426c6f636b73436c6561726564c0";
 
@@ -90,7 +92,7 @@ fn a_rank_and_byte_hashes_round_trip() {
 }
 
 #[test]
-fn optional_fields_vllm_may_add_are_ignored() {
+fn optional_fields_vllm_may_add_are_ignored_but_the_group() {
     // BlockRemoved with vLLM's optional `group_idx` and `ownership`.
     let mut bytes = vec![0x93, 0xcb];
     bytes.extend(1.0f64.to_be_bytes());
@@ -112,7 +114,9 @@ fn optional_fields_vllm_may_add_are_ignored() {
     assert_eq!(
         batch.events(),
         [KvEvent::BlockRemoved(
-            BlockRemoved::new(vec![BlockHash::Int(7)]).with_medium("CPU")
+            BlockRemoved::new(vec![BlockHash::Int(7)])
+                .with_medium("CPU")
+                .with_group(2)
         )]
     );
 }
@@ -182,7 +186,8 @@ mod vllm_fixtures {
                 ],
             )
             .with_rank(0),
-            // The newer optional fields are skipped; the rest is kept.
+            // The newer optional fields are skipped but the group's; the
+            // rest is kept.
             "stored_with_newer_fields" => KvEventBatch::new(
                 3.0,
                 vec![
@@ -193,24 +198,53 @@ mod vllm_fixtures {
                             (1..=8).collect(),
                             4,
                         )
-                        .with_lora_name("adapter-b"),
+                        .with_lora_name("adapter-b")
+                        .with_group(1, &WireGroup::new("full_attention", None)),
                     ),
                     KvEvent::BlockRemoved(
-                        BlockRemoved::new(vec![BlockHash::Int(10)]).with_medium("GPU"),
+                        BlockRemoved::new(vec![BlockHash::Int(10)])
+                            .with_medium("GPU")
+                            .with_group(1),
                     ),
                 ],
             ),
             "empty" => KvEventBatch::new(4.0, vec![]),
+            "stored_grouped" => KvEventBatch::new(
+                5.0,
+                vec![
+                    KvEvent::BlockStored(
+                        stored(
+                            vec![BlockHash::Int(21), BlockHash::Int(22)],
+                            Some(BlockHash::Int(20)),
+                            (1..=8).collect(),
+                            4,
+                        )
+                        .with_group(1, &WireGroup::new("sliding_window", Some(128))),
+                    ),
+                    KvEvent::BlockRemoved(
+                        BlockRemoved::new(vec![BlockHash::Int(21)])
+                            .with_medium("GPU")
+                            .with_group(1),
+                    ),
+                    KvEvent::BlockRemoved(
+                        BlockRemoved::new(vec![BlockHash::Int(20)])
+                            .with_medium("GPU")
+                            .with_group(0),
+                    ),
+                ],
+            )
+            .with_rank(0),
             other => panic!("no expectation for {other}"),
         }
     }
 
-    const FIXTURES: [(&str, &[u8]); 5] = [
+    const FIXTURES: [(&str, &[u8]); 6] = [
         fixture!("stored_int_hashes"),
         fixture!("stored_bytes_lora_rank"),
         fixture!("removed_and_cleared"),
         fixture!("stored_with_newer_fields"),
         fixture!("empty"),
+        fixture!("stored_grouped"),
     ];
 
     /// vLLM's bytes with msgspec's `map16` headers of small maps written as

@@ -97,6 +97,77 @@ fn a_router_can_follow_the_events_and_the_report_counts_them() {
     );
 }
 
+/// A grouped engine's stream on vLLM's wire: every event names its group
+/// (stores with the group's kind and window), a block hashes as group 0's
+/// in every group, and a router following it holds exactly the full
+/// group's blocks.
+struct GroupedWire {
+    format: kvbm_events::WireFormat,
+    router: kvbm_router::Router,
+    mirror: Mirror,
+    by_group: [u64; 2],
+}
+
+impl EventSink for GroupedWire {
+    fn publish(&mut self, message: &EventMessage) -> Result<(), SimError> {
+        self.mirror.publish(message)?;
+        let fail = |reason: String| Err(SimError::Events { reason });
+        for event in self.format.events(message) {
+            let group = match &event {
+                kvbm_events::KvEvent::BlockStored(stored) => {
+                    let window = (stored.kv_cache_spec_kind.as_deref())
+                        .zip(Some(stored.kv_cache_spec_sliding_window));
+                    match (stored.group_idx, window) {
+                        (Some(0), Some(("full_attention", None)))
+                        | (Some(1), Some(("sliding_window", Some(128)))) => {}
+                        other => return fail(format!("a store names {other:?}")),
+                    }
+                    stored.group_idx
+                }
+                kvbm_events::KvEvent::BlockRemoved(removed) => removed.group_idx,
+                kvbm_events::KvEvent::AllBlocksCleared => Some(0),
+            };
+            let Some(slot) = group.and_then(|g| self.by_group.get_mut(g as usize)) else {
+                return fail(format!("an event of group {group:?}"));
+            };
+            *slot += 1;
+            (self.router.apply(1, &event)).map_err(|e| SimError::Events {
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_grouped_engines_events_name_their_groups_as_vllms_do() {
+    let mut trace = Trace::conversation_excerpt().unwrap();
+    trace.truncate(std::num::NonZeroUsize::new(60).unwrap());
+    let model = kvbm_sim::KvModel::preset("gpt-oss-120b").unwrap();
+    let config = ServeConfig::default().with_kv(kvbm_sim::KvSetup::new(model, 2_000_000_000));
+    let router = kvbm_router::Router::new();
+    router.add_worker(1).unwrap();
+    let mut wire = GroupedWire {
+        format: config.wire_format().unwrap(),
+        router,
+        mirror: Mirror {
+            block_size: 16,
+            ..Mirror::default()
+        },
+        by_group: [0; 2],
+    };
+    let report = replay_with_events(&trace, &config, &mut NoProgress, Some(&mut wire)).unwrap();
+    assert!(report.evictions > 0, "the pool is small enough to evict");
+    assert!(wire.by_group.iter().all(|&n| n > 0), "{:?}", wire.by_group);
+    // The router holds group 0's blocks alone: a window's, hashing alike,
+    // neither count twice nor take the full group's out when evicted.
+    let full = (wire.mirror.registered.iter())
+        .filter(|&&value| kvbm_sequence::group_of(value) == 0)
+        .count();
+    assert_eq!(wire.router.index().held(1), full);
+    assert!(full < wire.mirror.registered.len());
+}
+
 #[cfg(feature = "kv-events")]
 #[test]
 fn serve_publishes_the_same_stream_on_vllms_wire() {

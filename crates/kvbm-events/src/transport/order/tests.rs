@@ -14,10 +14,7 @@ use crate::{BlockHash, BlockRemoved, KvEvent, encode};
 fn batch(seq: u64) -> KvEventBatch {
     KvEventBatch::new(
         seq as f64,
-        vec![KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![BlockHash::Int(seq)],
-            medium: None,
-        })],
+        vec![KvEvent::BlockRemoved(BlockRemoved::new(vec![BlockHash::Int(seq)]))],
     )
 }
 

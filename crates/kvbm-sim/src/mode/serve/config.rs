@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use kvbm_blocks::BlockManager;
+use kvbm_events::{WireFormat, WireGroup};
 use kvbm_queue::{Scheduler, SchedulerConfig};
 
 use super::{PriorityMix, Simulated, StepTime, replay};
@@ -204,6 +205,27 @@ impl ServeConfig {
             (None, Some(tiers)) => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
         };
         Ok(scheduler)
+    }
+
+    /// How the engine's KV events go on vLLM's wire: blocks of
+    /// [`block_size`](Self::block_size) tokens, and with a model's KV cache
+    /// groups ([`kv`](Self::kv)) each event's group, as vLLM 0.33 sends it
+    /// (`group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`).
+    ///
+    /// # Errors
+    ///
+    /// As [`KvSetup::groups`].
+    pub fn wire_format(&self) -> Result<WireFormat, SimError> {
+        let format = WireFormat::new(u32::try_from(self.block_size).unwrap_or(u32::MAX));
+        let Some(kv) = &self.kv else {
+            return Ok(format);
+        };
+        let groups = kv.groups(self.block_size)?;
+        Ok(format.with_kv_groups(
+            (groups.groups().iter())
+                .map(|group| WireGroup::from_attention(group.kind()))
+                .collect(),
+        ))
     }
 
     /// The tiers as the replay builds them: [`tiers`](Self::tiers), or with
