@@ -168,10 +168,12 @@ impl WireFormat {
     }
 
     /// The runs of `hashes` of one group each (one run of all without KV
-    /// cache groups): a removal's events.
-    fn group_runs<'h>(&self, hashes: &'h [u128]) -> impl Iterator<Item = &'h [u128]> {
-        let grouped = self.groups.is_some();
-        hashes.chunk_by(move |&a, &b| !grouped || group_of(a) == group_of(b))
+    /// cache groups, at no cost): a removal's events.
+    fn group_runs<'h>(&self, hashes: &'h [u128]) -> GroupRuns<'h> {
+        GroupRuns {
+            rest: Some(hashes),
+            grouped: self.groups.is_some(),
+        }
     }
 
     /// The wire events of one message. A [`Resync`](kvbm_blocks::Resync)
@@ -268,6 +270,32 @@ impl WireFormat {
         let view = BatchView(ts, EventsView(self, message), self.data_parallel_rank);
         view.serialize(&mut rmp_serde::Serializer::new(&mut out).with_struct_map())?;
         Ok(out)
+    }
+}
+
+/// [`WireFormat::group_runs`]: the rest of a removal's hashes, cut where
+/// the group changes; without groups, all of them at once (an empty
+/// removal too, as before groups).
+struct GroupRuns<'h> {
+    rest: Option<&'h [u128]>,
+    grouped: bool,
+}
+
+impl<'h> Iterator for GroupRuns<'h> {
+    type Item = &'h [u128];
+
+    fn next(&mut self) -> Option<&'h [u128]> {
+        let rest = self.rest.take()?;
+        if !self.grouped {
+            return Some(rest);
+        }
+        let first = *rest.first()?;
+        let end = (rest.iter())
+            .position(|&h| group_of(h) != group_of(first))
+            .unwrap_or(rest.len());
+        let (run, after) = rest.split_at(end);
+        self.rest = Some(after);
+        Some(run)
     }
 }
 

@@ -42,7 +42,8 @@ fn event() -> impl Strategy<Value = Event> {
                 },
             )
         ),
-        (1..5usize, any::<u128>()).prop_map(|(len, seed)| Event::Removed(chain(len, seed))),
+        // An empty removal too: one empty event without groups, none with.
+        (0..5usize, any::<u128>()).prop_map(|(len, seed)| Event::Removed(chain(len, seed))),
         Just(Event::Cleared),
     ]
 }

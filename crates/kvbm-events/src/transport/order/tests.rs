@@ -14,7 +14,9 @@ use crate::{BlockHash, BlockRemoved, KvEvent, encode};
 fn batch(seq: u64) -> KvEventBatch {
     KvEventBatch::new(
         seq as f64,
-        vec![KvEvent::BlockRemoved(BlockRemoved::new(vec![BlockHash::Int(seq)]))],
+        vec![KvEvent::BlockRemoved(BlockRemoved::new(vec![
+            BlockHash::Int(seq),
+        ]))],
     )
 }
 
