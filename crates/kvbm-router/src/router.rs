@@ -39,6 +39,7 @@
 //! and events racing) on this code.
 
 mod audit;
+mod groups;
 mod load_cell;
 mod roster;
 mod shortlist;
@@ -144,6 +145,9 @@ struct Tally {
     /// without a look at its settings (the block size and media never
     /// change once admitted).
     wire: Option<(WireFormat, Slot)>,
+    /// The KV cache group its events are scored on, once learned
+    /// ([`groups::counts`]).
+    scored_group: Option<i64>,
 }
 
 /// Every worker in `order` with its load and what `overlap_of` credits it
@@ -372,9 +376,10 @@ impl Router {
     /// Applies one of `worker`'s events.
     ///
     /// For a model whose layers form KV cache groups, prefixes are scored
-    /// on group 0 (full attention, as vLLM and kvbm order groups): the
-    /// other groups' events (`group_idx` above 0) are left out, since their
-    /// blocks hash as group 0's do and would stand for them.
+    /// on one full-attention group, learned from the first store naming a
+    /// full-attention `kv_cache_spec_kind` (or group 0 if stores name no
+    /// kind): the other groups' events are left out, since their blocks
+    /// hash as its blocks do and would stand for, or erase, them.
     ///
     /// # Errors
     ///
@@ -384,15 +389,10 @@ impl Router {
     /// worker's refusal counters).
     pub fn apply(&self, worker: WorkerId, event: &KvEvent) -> Result<(), RouterError> {
         let state = self.worker(worker)?;
-        let other_group = match event {
-            KvEvent::BlockStored(stored) => stored.group_idx,
-            KvEvent::BlockRemoved(removed) => removed.group_idx,
-            _ => None,
-        };
-        if other_group.is_some_and(|group| group != 0) {
+        let mut tally = lock(&state.tally);
+        if !groups::counts(event, &mut tally.scored_group) {
             return Ok(());
         }
-        let mut tally = lock(&state.tally);
         let stats = &mut tally.stats;
         match event {
             KvEvent::BlockStored(stored) => {
@@ -454,6 +454,9 @@ impl Router {
         let mut guard = lock(&state.tally);
         let tally = &mut *guard;
         let key = |&value: &u128| block_key(&format.hash_value(value));
+        // With KV cache groups, one full-attention group's blocks only.
+        let scored = groups::scored_in(format);
+        let counts = |value: &&u128| groups::value_counts(**value, scored);
         match message {
             EventMessage::Batch(batch) => {
                 // `format`'s medium, once a `Stored` event admitted it, or
@@ -463,6 +466,9 @@ impl Router {
                 for event in batch.events() {
                     match event {
                         CacheEvent::Stored { hashes, .. } => {
+                            if hashes.first().is_some_and(|h| !counts(&h)) {
+                                continue;
+                            }
                             let slot = match admitted {
                                 Some(slot) => slot,
                                 None => *admitted.insert(self.admit_wire(worker, format, tally)?),
@@ -476,7 +482,8 @@ impl Router {
                                 (None, Some(slot)) => slot,
                                 (None, None) => *found.insert(self.find_wire(format, tally)),
                             };
-                            let (keys, count) = (hashes.iter().map(key), hashes.len());
+                            let count = hashes.iter().filter(counts).count();
+                            let keys = hashes.iter().filter(counts).map(key);
                             self.forget(worker, slot, &mut tally.stats, keys, count);
                         }
                         CacheEvent::Cleared => self.clear(worker, &mut tally.stats),

@@ -77,56 +77,74 @@ fn a_grouped_engines_window_blocks_neither_count_nor_erase_its_full_ones() {
     // A full-attention group and a window group, one pool: both groups'
     // blocks of one prefix go out under the same wire hashes with their
     // group. Evicting the window's blocks must not take the full group's
-    // out of the index, nor must storing them count twice.
-    let groups = [
-        AttentionKind::Full,
-        AttentionKind::SlidingWindow { window: 4 },
-    ];
-    let format = WireFormat::new(2)
-        .with_hash_form(HashForm::Int64)
-        .with_kv_groups(
-            groups
-                .iter()
-                .map(|&k| WireGroup::from_attention(k))
-                .collect(),
-        );
-    let pool = BlockManager::<Gpu>::builder()
-        .block_count(8)
-        .block_size(2)
-        .build()
-        .unwrap();
-    let events = pool.subscribe_events(16);
-    let tokens: Vec<u32> = (0..6).collect();
-    let full = BlockSequence::with_salt(tokens.clone(), 2, Salt::NONE.for_group(0)).unwrap();
-    let window = BlockSequence::with_salt(tokens, 2, Salt::NONE.for_group(1)).unwrap();
-    // The window's blocks first: the least recently used, evicted first.
-    cache(&pool, window.sequence_hashes());
-    cache(&pool, full.sequence_hashes());
-    let router = Router::new();
-    router.add_worker(1).unwrap();
-    let keys: Vec<u128> = (full.sequence_hashes().iter())
-        .map(|&h| block_key(&format.hash(h)))
-        .collect();
-    let apply = |router: &Router| {
-        pool.flush_events();
-        for message in events.drain() {
-            for event in format.events(&message) {
-                router.apply(1, &event).unwrap();
-            }
+    // out of the index, nor must storing them count twice: whether the
+    // full group is 0 (kvbm's order) or 1 (vLLM's for gpt-oss, whose first
+    // layer slides), and whether the router reads the wire's events or
+    // the pool's messages.
+    let window = AttentionKind::SlidingWindow { window: 4 };
+    for (kinds, full_group) in [
+        ([AttentionKind::Full, window], 0),
+        ([window, AttentionKind::Full], 1),
+    ] {
+        for from_messages in [false, true] {
+            let format = WireFormat::new(2)
+                .with_hash_form(HashForm::Int64)
+                .with_kv_groups(
+                    kinds
+                        .iter()
+                        .map(|&k| WireGroup::from_attention(k))
+                        .collect(),
+                );
+            let pool = BlockManager::<Gpu>::builder()
+                .block_count(8)
+                .block_size(2)
+                .build()
+                .unwrap();
+            let events = pool.subscribe_events(16);
+            let tokens: Vec<u32> = (0..6).collect();
+            let hashes = |group: usize| {
+                let salt = Salt::NONE.for_group(group);
+                BlockSequence::with_salt(tokens.clone(), 2, salt).unwrap()
+            };
+            let (full, sliding) = (hashes(full_group), hashes(1 - full_group));
+            // The window's blocks first: the least recently used, evicted
+            // first.
+            cache(&pool, sliding.sequence_hashes());
+            cache(&pool, full.sequence_hashes());
+            let router = Router::new();
+            router.add_worker(1).unwrap();
+            let keys: Vec<u128> = (full.sequence_hashes().iter())
+                .map(|&h| block_key(&format.hash(h)))
+                .collect();
+            let apply = |router: &Router| {
+                pool.flush_events();
+                for message in events.drain() {
+                    if from_messages {
+                        router.apply_message(1, &message, &format).unwrap();
+                        continue;
+                    }
+                    for event in format.events(&message) {
+                        router.apply(1, &event).unwrap();
+                    }
+                }
+            };
+            apply(&router);
+            let case = format!("full group {full_group}, messages {from_messages}");
+            assert_eq!(router.index().overlaps(&keys), [(1, 3)], "{case}");
+            assert_eq!(router.index().held(1), 3, "{case}: counted once");
+            // Four new blocks take the two free ones and evict two of the
+            // window's.
+            let held = pool.allocate_blocks(4).unwrap();
+            apply(&router);
+            assert_eq!(pool.metrics().evictions, 2);
+            assert_eq!(
+                router.index().overlaps(&keys),
+                [(1, 3)],
+                "{case}: the full group's stay"
+            );
+            drop(held);
         }
-    };
-    apply(&router);
-    assert_eq!(router.index().overlaps(&keys), [(1, 3)]);
-    // Four new blocks take the two free ones and evict two of the window's.
-    let held = pool.allocate_blocks(4).unwrap();
-    apply(&router);
-    assert_eq!(pool.metrics().evictions, 2);
-    assert_eq!(
-        router.index().overlaps(&keys),
-        [(1, 3)],
-        "the full group's stay"
-    );
-    drop(held);
+    }
 }
 
 #[test]
