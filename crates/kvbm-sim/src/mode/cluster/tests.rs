@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::{Capacity, RequestTimeline, TraceRequest};
+use crate::{Capacity, RequestTimeline, ServeConfig, TraceRequest};
 
 /// The conversation excerpt's first `requests` requests.
 pub(super) fn excerpt(requests: usize) -> Trace {

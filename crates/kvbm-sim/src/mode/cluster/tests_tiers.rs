@@ -5,7 +5,7 @@
 
 use super::tests::timeless;
 use super::*;
-use crate::{Capacity, TierSetup, TraceRequest};
+use crate::{Capacity, Link, ServeConfig, TierSetup, TraceRequest};
 
 /// The same 8-block prompt twice, 5 s apart, then four cold prompts.
 fn trace() -> Trace {
