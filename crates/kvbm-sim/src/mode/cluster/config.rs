@@ -175,7 +175,7 @@ impl ClusterConfig {
 
     /// Sets [`replicate`](Self::replicate): `copies` copies of the trace
     /// (checked by [`validate`](Self::validate), and against the trace by
-    /// [`replay`]).
+    /// [`replay`](super::replay)).
     pub fn with_replicate(mut self, copies: usize) -> Self {
         self.replicate = copies;
         self
