@@ -271,7 +271,7 @@ impl ClusterConfig {
 
     /// Checks what can be checked without the trace: some engines, a valid
     /// engine, all pools together no larger than one pool may be, and a
-    /// memory budget in range. ([`replay`] then checks the
+    /// memory budget in range. ([`replay`](super::replay) then checks the
     /// [`memory_estimate`](Self::memory_estimate) for its trace against the
     /// budget, so a typo in `--engines` is an error, not an exhausted
     /// machine.)
