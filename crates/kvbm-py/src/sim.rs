@@ -505,6 +505,27 @@ fn engine(options: &Options<'_>) -> PyResult<ServeConfig> {
     Ok(config)
 }
 
+/// [`engine`] with the model's KV layout, if the options give one
+/// (`model` or `groups`, in `capacity_bytes`), checked as the command line
+/// checks its flags: a model's blocks have their own bytes, so
+/// `kv_bytes_per_token` does not go with one.
+fn engine_with_model(options: &Options<'_>) -> PyResult<ServeConfig> {
+    let kv = kv_setup(options)?;
+    if kv.is_some() && options.given("kv_bytes_per_token")? {
+        return Err(Error::from(RustSimError::ConflictingFlags {
+            flag: "kv_bytes_per_token",
+            other: "model or groups",
+            reason: "a model's blocks have its own bytes (kv_bytes_per_token_layer)",
+        })
+        .into());
+    }
+    let config = engine(options)?;
+    match kv {
+        Some(kv) => Ok(config.with_checked_kv(kv).map_err(Error::from)?),
+        None => Ok(config),
+    }
+}
+
 /// Runs `replay` with the GIL released and returns its JSON as a dict.
 fn run<'py>(
     py: Python<'py>,
@@ -590,25 +611,13 @@ pub(crate) fn replay_serve<'py>(
         Some(spec) => Some(DataPlaneSpec::from_str(&spec).map_err(Error::from)?),
         None => None,
     };
-    let kv = kv_setup(&options)?;
-    if kv.is_some() && options.given("kv_bytes_per_token")? {
-        return Err(Error::from(RustSimError::ConflictingFlags {
-            flag: "kv_bytes_per_token",
-            other: "model or groups",
-            reason: "a model's blocks have its own bytes (kv_bytes_per_token_layer)",
+    let config = engine_with_model(&options)?;
+    options.finish()?;
+    if config.kv.is_some() && data_plane.is_some() {
+        return Err(Error::from(RustSimError::KvLayoutUnsupported {
+            with: "the data plane (data_plane)",
         })
         .into());
-    }
-    let mut config = engine(&options)?;
-    options.finish()?;
-    if let Some(kv) = kv {
-        if data_plane.is_some() {
-            return Err(Error::from(RustSimError::KvLayoutUnsupported {
-                with: "the data plane (data_plane)",
-            })
-            .into());
-        }
-        config = config.with_checked_kv(kv).map_err(Error::from)?;
     }
     run(py, move || {
         let report = kvbm_sim::mode::serve::replay_with_data_plane(
@@ -631,7 +640,8 @@ pub(crate) fn replay_serve<'py>(
 /// ``"least-loaded"``, ``"kv-aware"``, ``"global-kv"``),
 /// ``overlap_weight``, ``temperature``, ``threads``, ``memory_limit_gb``
 /// (12), ``global_pool_tokens``, ``network_gbps``, ``network_setup_us``,
-/// ``pool_only_for_global_kv``.
+/// ``pool_only_for_global_kv``; engines of a model's KV cache groups as
+/// ``replay_serve``'s (``model`` or ``groups``, ``capacity_bytes``).
 #[pyfunction]
 #[pyo3(signature = (trace = None, **options))]
 pub(crate) fn replay_cluster<'py>(
@@ -673,7 +683,7 @@ pub(crate) fn replay_cluster<'py>(
         setup_us: options.or("network_setup_us", Link::NETWORK_100G.setup_us)?,
     };
     let pool_only = options.or("pool_only_for_global_kv", false)?;
-    let engine = engine(&options)?;
+    let engine = engine_with_model(&options)?;
     options.finish()?;
     let mut config = ClusterConfig::new(engines, engine)
         .with_replicate(replicate)

@@ -82,6 +82,16 @@ def test_cluster_replay_compares_policies():
     assert [run["policy"] for run in report["runs"]] == ["round-robin", "kv-aware"]
 
 
+def test_cluster_replay_of_a_models_groups():
+    report = kvbm.replay_cluster(
+        limit=40, engines=2, policies="kv-aware", model="gpt-oss-120b",
+        capacity_bytes="10G", threads=1,
+    )
+    assert report["runs"][0]["finished_requests"] == 40
+    with pytest.raises(kvbm.InvalidArgumentError):
+        kvbm.replay_cluster(limit=5, model="gpt-oss-120b", capacity_bytes="10G", kv_bytes_per_token=8)
+
+
 def test_traces_from_python_files_and_text(tmp_path):
     requests = [
         {"timestamp": 0, "input_length": 1200, "output_length": 20, "hash_ids": [1, 2, 3]},

@@ -521,6 +521,8 @@ pub(crate) struct ClusterArgs {
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
     #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
     /// Refuse a cluster whose estimated memory for the trace exceeds this
     /// many gigabytes (10^9 bytes), before building anything.
@@ -568,7 +570,8 @@ impl ServeArgs {
 
 impl ClusterArgs {
     pub(crate) fn config(&self) -> Result<ClusterConfig, SimError> {
-        let mut config = ClusterConfig::new(self.engines, self.engine.config()?)
+        let engine = self.model.engine_config(&self.engine)?;
+        let mut config = ClusterConfig::new(self.engines, engine)
             .with_replicate(self.replicate)
             .with_policies(self.policies.clone())
             .with_overlap_weight(self.overlap_weight)

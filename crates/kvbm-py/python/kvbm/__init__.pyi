@@ -918,7 +918,8 @@ def replay_cluster(
     **engine: Any,
 ) -> dict[str, Any]:
     """Cluster mode: arrivals routed over ``engines`` serve-mode engines
-    (every ``replay_serve`` engine option applies to each), once per routing
+    (every ``replay_serve`` engine option applies to each, a model's
+    ``model``/``groups`` and ``capacity_bytes`` included), once per routing
     policy (``"random"``, ``"round-robin"``, ``"least-loaded"``,
     ``"kv-aware"``, ``"global-kv"``); the report of
     ``kvbm-sim cluster --json``. Releases the GIL while it runs."""

@@ -1,5 +1,5 @@
 //! Cluster mode: the trace's arrivals routed over N engines, each a real
-//! [`Scheduler`] with its own block pool (serve mode's engine and step-time
+//! [`Scheduler`](kvbm_queue::Scheduler) with its own block pool (serve mode's engine and step-time
 //! model), behind a [`kvbm_router::Router`].
 //!
 //! Each engine's cache events reach the router the way they would cross the
@@ -40,7 +40,6 @@ use rayon::iter::{IntoParallelRefIterator, IntoParallelRefMutIterator, ParallelI
 
 use kvbm_blocks::{BlockManager, EventMessage};
 use kvbm_events::{HashForm, WireFormat};
-use kvbm_queue::Scheduler;
 use kvbm_router::{PrefixIndex, RouteRequest, Router, WorkerId, WorkerLoad, block_key};
 use kvbm_sequence::{HashedPrompt, Salt};
 use kvbm_tiers::Lower;
@@ -231,10 +230,12 @@ fn replay_policy(
     for (medium, weight) in config.medium_weights()? {
         router = router.with_medium_weight(medium, weight);
     }
-    let format = WireFormat::new(u32::try_from(block_size).unwrap_or(u32::MAX))
-        .with_hash_form(HashForm::Int64);
+    // With a model's KV cache groups, every event says its group and the
+    // router scores on the full-attention one.
+    let format = engine_config.wire_format()?.with_hash_form(HashForm::Int64);
+    let engine_tiers = engine_config.replay_tiers()?;
     // Each own lower tier's events reach the router under its medium.
-    let tier_formats: Vec<(String, WireFormat)> = (engine_config.tiers.plan(block_size)?.iter())
+    let tier_formats: Vec<(String, WireFormat)> = (engine_tiers.plan(block_size)?.iter())
         .map(|plan| {
             (
                 plan.medium.to_owned(),
@@ -242,7 +243,7 @@ fn replay_policy(
             )
         })
         .collect();
-    let block_bytes = engine_config.tiers.block_bytes(block_size)?;
+    let block_bytes = engine_tiers.block_bytes(block_size)?;
     // The pool every engine shares, with the index of what it holds.
     let pooled = kind == PolicyKind::GlobalKv || !config.pool_only_for_global_kv;
     let global_pool = match config.global_pool_blocks()?.filter(|_| pooled) {
@@ -272,15 +273,12 @@ fn replay_policy(
             .block_size(block_size)
             .eviction(engine_config.eviction.policy())
             .build()?;
-        let tiers = (engine_config.tiers).scheduler_config_with_remote(
+        let tiers = engine_tiers.scheduler_config_with_remote(
             block_size,
             &engine_config.step_time,
             remote,
         )?;
-        let mut scheduler = match tiers {
-            None => Scheduler::new(manager, engine_config.scheduler)?,
-            Some(tiers) => Scheduler::with_tiers(manager, engine_config.scheduler, tiers)?,
-        };
+        let mut scheduler = engine_config.scheduler_with(manager, tiers)?;
         scheduler.set_metrics_enabled(engine_config.metrics);
         let labels = [
             ("engine", i.to_string()),
@@ -372,7 +370,7 @@ fn replay_policy(
     if let Some(tap) = &mut pool_tap {
         tap.pump(&mut pool_feed)?;
     }
-    check_router(&router, &engines)?;
+    check_router(&router, &engines, engine_config.kv.is_some())?;
     report::merge(
         trace,
         kind,
@@ -399,12 +397,18 @@ fn arrival(trace: &Trace, index: usize) -> Result<u64, SimError> {
 
 /// Checks that the router, fed only by events, holds exactly the blocks
 /// each engine's pool registers.
-fn check_router(router: &Router, engines: &[Engine<'_>]) -> Result<(), SimError> {
+fn check_router(router: &Router, engines: &[Engine<'_>], grouped: bool) -> Result<(), SimError> {
     for (engine, state) in engines.iter().enumerate() {
         let router_blocks = router.stats(state.id).map_or(0, |stats| stats.held_blocks);
-        // Its device's and its own lower tiers' blocks, every medium.
+        // Its device's and its own lower tiers' blocks, every medium; with
+        // KV cache groups the router holds the full-attention group's only,
+        // which the pools do not count apart.
         let pool_blocks = state.sim.registered_blocks()? + state.sim.lower_registered_blocks()?;
-        if router_blocks != pool_blocks {
+        let agrees = match grouped {
+            false => router_blocks == pool_blocks,
+            true => router_blocks <= pool_blocks,
+        };
+        if !agrees {
             return Err(SimError::RouterOutOfSync {
                 engine,
                 router_blocks,

@@ -314,6 +314,39 @@ fn tier_sweep_runs_a_models_groups() {
 }
 
 #[test]
+fn cluster_runs_a_models_groups() {
+    let output = kvbm_sim(&[
+        "cluster",
+        "--limit",
+        "40",
+        "--engines",
+        "2",
+        "--policies",
+        "kv-aware",
+        "--model",
+        "gpt-oss-120b",
+        "--capacity-bytes",
+        "10e9",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(json["runs"][0]["finished_requests"], 40);
+    fails_with(
+        &[
+            "cluster",
+            "--model",
+            "gpt-oss-120b",
+            "--capacity-bytes",
+            "2e9",
+            "--kv-bytes-per-token",
+            "4096",
+        ],
+        "--kv-bytes-per-token cannot be combined with --model or --groups",
+    );
+}
+
+#[test]
 fn serve_prints_a_summary_of_the_excerpt() {
     let output = kvbm_sim(&["serve", "--limit", "40"]);
     assert!(output.status.success(), "{}", stderr(&output));

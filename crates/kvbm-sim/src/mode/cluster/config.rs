@@ -188,13 +188,20 @@ impl ClusterConfig {
     }
 
     /// The shared pool's size in blocks, checked (`None` without one).
+    /// With a model's KV cache groups, tokens of its KV: a block per group
+    /// per `block_size` tokens, as its engines' own tiers
+    /// ([`ServeConfig::replay_tiers`]).
     pub(super) fn global_pool_blocks(&self) -> Result<Option<usize>, SimError> {
         let Some(tokens) = self.global_pool_tokens else {
             return Ok(None);
         };
         self.network.validate("network")?;
         let block_size = self.engine.block_size.max(1) as u64;
-        let blocks = tokens / block_size;
+        let groups = match &self.engine.kv {
+            Some(kv) => kv.groups(self.engine.block_size)?.len() as u64,
+            None => 1,
+        };
+        let blocks = (tokens / block_size).saturating_mul(groups);
         if blocks == 0 || blocks > MAX_BLOCKS as u64 {
             return Err(SimError::InvalidTiers(format!(
                 "a shared pool of {tokens} tokens is {blocks} blocks of {block_size} (1 to {MAX_BLOCKS})"
@@ -283,9 +290,7 @@ impl ClusterConfig {
     /// negative or non-finite overlap weight or temperature,
     /// [`SimError::ClusterTooLarge`], [`SimError::InvalidMemoryLimit`] for a
     /// budget of 0 or over [`MAX_MEMORY_BUDGET`](Self::MAX_MEMORY_BUDGET),
-    /// [`SimError::KvLayoutUnsupported`] for engines with a model's KV
-    /// layout (serve mode's only, for now), and [`ServeConfig::validate`]'s
-    /// and the capacity's errors.
+    /// and [`ServeConfig::validate`]'s and the capacity's errors.
     pub fn validate(&self) -> Result<(), SimError> {
         self.capacity_blocks().map(drop)
     }
@@ -310,16 +315,8 @@ impl ClusterConfig {
             }
         }
         self.engine.validate()?;
-        if self.engine.kv.is_some() {
-            return Err(SimError::KvLayoutUnsupported {
-                with: "cluster mode",
-            });
-        }
         self.global_pool_blocks()?;
-        let capacity_blocks = self
-            .engine
-            .capacity
-            .resolve_bounded(self.engine.block_size)?;
+        let capacity_blocks = self.engine.capacity_blocks()?;
         match self.engines.checked_mul(capacity_blocks) {
             Some(total) if total <= MAX_BLOCKS => {}
             _ => {
@@ -355,7 +352,7 @@ impl ClusterConfig {
             ),
             PolicyKind::GlobalKv => {
                 let block_bits =
-                    self.engine.tiers.block_bytes(self.engine.block_size)? as f64 * 8.0;
+                    (self.engine.replay_tiers()?).block_bytes(self.engine.block_size)? as f64 * 8.0;
                 Box::new(GlobalKv::new(
                     Arc::clone(pool),
                     GlobalCosts {
@@ -373,9 +370,10 @@ impl ClusterConfig {
     /// (`1 - load / compute`, per block, at least 0).
     pub(super) fn medium_weights(&self) -> Result<Vec<(&'static str, f64)>, SimError> {
         let block_size = self.engine.block_size;
-        let block_bits = self.engine.tiers.block_bytes(block_size)? as f64 * 8.0;
+        let tiers = self.engine.replay_tiers()?;
+        let block_bits = tiers.block_bytes(block_size)? as f64 * 8.0;
         let compute_s = block_size as f64 * self.engine.step_time.per_prefill_token.as_secs_f64();
-        let plans = self.engine.tiers.plan(block_size)?;
+        let plans = tiers.plan(block_size)?;
         Ok((plans.iter())
             .map(|plan| {
                 let load_s = plan.link.setup_us / 1e6 + block_bits / (plan.link.gbps * 1e9);

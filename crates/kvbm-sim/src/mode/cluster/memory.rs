@@ -270,6 +270,10 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
     let running = engines.saturating_mul(max_running).min(requests);
     let running_tokens = longest_requests(trace, running, copies);
     let running_blocks = (running_tokens.div_ceil(block_size)).saturating_add(running);
+    // A model's KV cache groups: a sequence (tokens, hashes, table) each.
+    let groups = (engine.kv.as_ref())
+        .and_then(|kv| kv.groups(engine.block_size).ok())
+        .map_or(1, |groups| groups.len() as u128);
 
     let policies = config.policies.len() as u128;
     let per_request = (size_of::<TraceRequest>() as u128)
@@ -285,8 +289,8 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
     let allocated = [
         engines.saturating_mul(per_engine),
         bytes(held_blocks, ROUTER_BYTES_PER_BLOCK),
-        bytes(running_tokens, SEQUENCE_BYTES_PER_TOKEN),
-        bytes(running_blocks, SEQUENCE_BYTES_PER_BLOCK),
+        bytes(running_tokens, SEQUENCE_BYTES_PER_TOKEN).saturating_mul(groups),
+        bytes(running_blocks, SEQUENCE_BYTES_PER_BLOCK).saturating_mul(groups),
         bytes(prompt_tokens, TOKEN_BYTES),
         requests.saturating_mul(per_request),
         size(originals, size_of::<TraceRequest>()),

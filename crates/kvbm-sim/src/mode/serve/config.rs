@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kvbm_blocks::BlockManager;
 use kvbm_events::{WireFormat, WireGroup};
-use kvbm_queue::{Scheduler, SchedulerConfig};
+use kvbm_queue::{Scheduler, SchedulerConfig, TiersConfig};
 
 use super::{PriorityMix, Simulated, StepTime, replay};
 use crate::{Capacity, Eviction, KvSetup, NoProgress, ServeReport, SimError, TierSetup, Trace};
@@ -192,6 +192,16 @@ impl ServeConfig {
         manager: BlockManager<Simulated>,
     ) -> Result<Scheduler<Simulated>, SimError> {
         let tiers = (self.replay_tiers()?).scheduler_config(self.block_size, &self.step_time)?;
+        self.scheduler_with(manager, tiers)
+    }
+
+    /// The scheduler of one engine over `manager` with `tiers` below it (if
+    /// any), and the model's KV cache groups (if [`kv`](Self::kv)).
+    pub(crate) fn scheduler_with(
+        &self,
+        manager: BlockManager<Simulated>,
+        tiers: Option<TiersConfig>,
+    ) -> Result<Scheduler<Simulated>, SimError> {
         let scheduler = match (&self.kv, tiers) {
             (Some(kv), None) => {
                 let groups = Arc::new(kv.groups(self.block_size)?);

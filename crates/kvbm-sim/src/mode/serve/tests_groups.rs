@@ -230,13 +230,6 @@ fn a_model_with_what_it_does_not_support_is_refused() {
         Err(SimError::KvLayoutUnsupported { with }) => assert!(with.contains("data plane")),
         other => panic!("{other:?}"),
     }
-    let cluster = crate::ClusterConfig::new(2, config);
-    assert!(matches!(
-        cluster.validate(),
-        Err(SimError::KvLayoutUnsupported {
-            with: "cluster mode"
-        })
-    ));
     // A window the block size does not divide; memory for no block.
     assert!(matches!(
         ServeConfig::new(256, Capacity::Blocks(1))
