@@ -54,6 +54,22 @@ fn block_hashes(tokens: Tokens, block_size: Count) -> PyResult<Vec<u128>> {
     Ok(pool::hash_values(&tokens.0, block_size.0)?)
 }
 
+/// The KV cache group a chained hash value belongs to (its top 8 bits): 0
+/// for a model of one group, ``g`` for the blocks of group ``g`` of a
+/// ``Scheduler`` built with ``model=`` or ``groups=`` (as in its
+/// ``take_events``).
+#[pyfunction]
+fn group_of(value: u128) -> usize {
+    kvbm_sequence::group_of(value)
+}
+
+/// A chained hash value without its KV cache group: the same for every
+/// group's block of one prefix, as vLLM sends block hashes.
+#[pyfunction]
+fn without_group(value: u128) -> u128 {
+    kvbm_sequence::without_group(value)
+}
+
 /// kvbm: a KV-cache block manager for LLM serving, in Rust. The block pool
 /// (``BlockPool``), request sequences (``Sequence``, ``RequestSequence``),
 /// the continuous-batching scheduler (``Scheduler``) and the simulator's
@@ -75,6 +91,8 @@ fn kvbm(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<sim::Trace>()?;
     module.add_class::<vllm_pool::VllmBlockPool>()?;
     module.add_function(wrap_pyfunction!(block_hashes, module)?)?;
+    module.add_function(wrap_pyfunction!(group_of, module)?)?;
+    module.add_function(wrap_pyfunction!(without_group, module)?)?;
     module.add_function(wrap_pyfunction!(sim::replay_cache, module)?)?;
     module.add_function(wrap_pyfunction!(sim::replay_serve, module)?)?;
     module.add_function(wrap_pyfunction!(sim::replay_cluster, module)?)?;

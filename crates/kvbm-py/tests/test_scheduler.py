@@ -446,6 +446,20 @@ def test_a_failed_load_is_recomputed_and_bad_reports_change_nothing():
     assert scheduler.transfers_in_flight == 0
 
 
+def test_a_grouped_schedulers_events_name_each_blocks_group():
+    scheduler = kvbm.Scheduler(64, 16, groups="sliding_window:32:1,full:1", events=True)
+    scheduler.submit(0, SYSTEM + [5], 2)
+    run_to_completion(scheduler)
+    stored = [h for e in scheduler.take_events() if e["type"] == "stored" for h in e["hashes"]]
+    # Four full blocks in each group, keyed alike but for the group.
+    assert sorted(kvbm.group_of(h) for h in stored) == [0] * 4 + [1] * 4
+    full = {h for h in stored if kvbm.group_of(h) == 0}
+    assert {kvbm.without_group(h) for h in stored} == full
+    assert full == set(kvbm.block_hashes(SYSTEM + [5], 16))
+    with pytest.raises(OverflowError):
+        kvbm.group_of(-1)
+
+
 def test_kv_groups_with_a_host_tier_onboard_only_what_each_group_reads():
     # A full group and a 32-token window (two blocks) over 24 device
     # blocks: request 0's prompt goes down to the host in both groups.

@@ -242,6 +242,16 @@ def block_hashes(tokens: _Tokens, block_size: int = 16) -> list[int]:
     """The chained hash values of ``tokens``' full blocks of ``block_size``
     tokens, as ``Sequence(tokens, block_size).hashes`` computes them."""
 
+def group_of(value: int) -> int:
+    """The KV cache group a chained hash value belongs to (its top 8 bits):
+    0 for a model of one group, ``g`` for the blocks of group ``g`` of a
+    ``Scheduler`` built with ``model=`` or ``groups=`` (as in its
+    ``take_events``). Raises ``OverflowError`` outside ``0 .. 2**128``."""
+
+def without_group(value: int) -> int:
+    """A chained hash value without its KV cache group: the same for every
+    group's block of one prefix, as vLLM sends block hashes."""
+
 # The block pool --------------------------------------------------------------
 
 @final
