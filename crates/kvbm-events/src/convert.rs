@@ -167,6 +167,31 @@ impl WireFormat {
         Some((index as i64, groups.get(index)))
     }
 
+    /// What a store of `hashes` (after `parent`) says of its group:
+    /// `group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`.
+    fn stored_group(
+        &self,
+        parent: Option<u128>,
+        hashes: &[u128],
+    ) -> (Option<i64>, Option<&str>, Option<i64>) {
+        let first = hashes.first().copied().or(parent).unwrap_or(0);
+        match self.group(first) {
+            None => (None, None, None),
+            Some((index, group)) => (
+                Some(index),
+                group.map(|g| g.kind.as_str()),
+                group.and_then(|g| g.sliding_window),
+            ),
+        }
+    }
+
+    /// The `group_idx` of a removal of `hashes`, blocks of one group.
+    fn removed_group(&self, hashes: &[u128]) -> Option<i64> {
+        (hashes.first())
+            .and_then(|&h| self.group(h))
+            .map(|(index, _)| index)
+    }
+
     /// The runs of `hashes` of one group each (one run of all without KV
     /// cache groups, at no cost): a removal's events.
     fn group_runs<'h>(&self, hashes: &'h [u128]) -> GroupRuns<'h> {
@@ -209,7 +234,8 @@ impl WireFormat {
                 hashes,
                 tokens,
             } => {
-                let mut stored = BlockStored {
+                let (group_idx, kind, sliding_window) = self.stored_group(parent, hashes);
+                out.push(KvEvent::BlockStored(BlockStored {
                     block_hashes: hashes.iter().map(|&h| self.hash_value(h)).collect(),
                     parent_block_hash: parent.map(|parent| self.hash_value(parent)),
                     token_ids: tokens.to_vec(),
@@ -217,24 +243,17 @@ impl WireFormat {
                     lora_id: None,
                     medium: self.medium.clone(),
                     lora_name: self.lora_name.clone(),
-                    group_idx: None,
-                    kv_cache_spec_kind: None,
-                    kv_cache_spec_sliding_window: None,
-                };
-                let first = hashes.first().copied().or(parent).unwrap_or(0);
-                if let Some((index, group)) = self.group(first) {
-                    stored.group_idx = Some(index);
-                    stored.kv_cache_spec_kind = group.map(|g| g.kind.clone());
-                    stored.kv_cache_spec_sliding_window = group.and_then(|g| g.sliding_window);
-                }
-                out.push(KvEvent::BlockStored(stored));
+                    group_idx,
+                    kv_cache_spec_kind: kind.map(str::to_owned),
+                    kv_cache_spec_sliding_window: sliding_window,
+                }));
             }
             CacheEvent::Removed { hashes } => {
                 for run in self.group_runs(hashes) {
                     out.push(KvEvent::BlockRemoved(BlockRemoved {
                         block_hashes: run.iter().map(|&h| self.hash_value(h)).collect(),
                         medium: self.medium.clone(),
-                        group_idx: (run.first()).and_then(|&h| self.group(h)).map(|(i, _)| i),
+                        group_idx: self.removed_group(run),
                     }));
                 }
             }
@@ -378,8 +397,7 @@ impl<'a> EventView<'a> {
                 hashes,
                 tokens,
             } => {
-                let first = hashes.first().copied().or(parent).unwrap_or(0);
-                let group = format.group(first);
+                let (group_idx, kind, sliding_window) = format.stored_group(parent, hashes);
                 EventView::BlockStored {
                     block_hashes: HashesView(format, hashes),
                     parent_block_hash: parent.map(|parent| format.hash_value(parent)),
@@ -388,11 +406,9 @@ impl<'a> EventView<'a> {
                     lora_id: None,
                     medium: format.medium.as_deref(),
                     lora_name: format.lora_name.as_deref(),
-                    group_idx: group.map(|(index, _)| index),
-                    kv_cache_spec_kind: group.and_then(|(_, g)| g).map(|g| g.kind.as_str()),
-                    kv_cache_spec_sliding_window: group
-                        .and_then(|(_, g)| g)
-                        .and_then(|g| g.sliding_window),
+                    group_idx,
+                    kv_cache_spec_kind: kind,
+                    kv_cache_spec_sliding_window: sliding_window,
                 }
             }
             CacheEvent::Removed { hashes } => Self::removed(format, hashes),
@@ -405,9 +421,7 @@ impl<'a> EventView<'a> {
         EventView::BlockRemoved {
             block_hashes: HashesView(format, hashes),
             medium: format.medium.as_deref(),
-            group_idx: (hashes.first())
-                .and_then(|&h| format.group(h))
-                .map(|(i, _)| i),
+            group_idx: format.removed_group(hashes),
         }
     }
 }

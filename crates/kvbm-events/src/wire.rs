@@ -182,6 +182,22 @@ impl WireGroup {
         }
     }
 
+    /// Whether a group of vLLM's `KVCacheSpecKind` value `kind` reads every
+    /// earlier token (full attention, MLA, full attention with sinks), so
+    /// its blocks cover whole prefixes.
+    ///
+    /// ```
+    /// use kvbm_events::WireGroup;
+    /// assert!(WireGroup::is_full_kind("full_attention"));
+    /// assert!(!WireGroup::is_full_kind("sliding_window"));
+    /// ```
+    pub fn is_full_kind(kind: &str) -> bool {
+        matches!(
+            kind,
+            "full_attention" | "mla_attention" | "sink_full_attention"
+        )
+    }
+
     /// The group of an [`AttentionKind`]: `full_attention`,
     /// `sliding_window` with its window, `chunked_local_attention`, as
     /// vLLM 0.33 names them; `unknown` for a kind it has no name for.

@@ -10,17 +10,14 @@
 //! numbers groups by the layers' order (gpt-oss's group 0 is its sliding
 //! window), kvbm puts full attention first.
 
-use kvbm_events::{KvEvent, WireFormat};
+use kvbm_events::{KvEvent, WireFormat, WireGroup};
 use kvbm_sequence::group_of;
-
-/// vLLM's `KVCacheSpecKind` values whose layers read every earlier token.
-const FULL_KINDS: [&str; 3] = ["full_attention", "mla_attention", "sink_full_attention"];
 
 /// Whether a group of `kind` (`None`: not said) at index `group` covers
 /// whole prefixes.
 fn is_full(kind: Option<&str>, group: i64) -> bool {
     match kind {
-        Some(kind) => FULL_KINDS.contains(&kind),
+        Some(kind) => WireGroup::is_full_kind(kind),
         None => group == 0,
     }
 }
@@ -51,7 +48,7 @@ pub(super) fn counts(event: &KvEvent, scored: &mut Option<i64>) -> bool {
 /// one group, whose blocks all count.
 pub(super) fn scored_in(format: &WireFormat) -> Option<usize> {
     let groups = format.kv_groups()?;
-    let full = (groups.iter()).position(|g| FULL_KINDS.contains(&g.kind.as_str()));
+    let full = (groups.iter()).position(|g| WireGroup::is_full_kind(&g.kind));
     Some(full.unwrap_or(0))
 }
 
@@ -63,7 +60,7 @@ pub(super) fn value_counts(value: u128, scored: Option<usize>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use kvbm_events::{BlockHash, BlockRemoved, BlockStored, WireGroup};
+    use kvbm_events::{BlockHash, BlockRemoved, BlockStored};
 
     use super::*;
 
