@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use kvbm_blocks::{BlockManager, EventSubscription};
 use kvbm_queue::{
     EngineOutput, GenerationReserve, InferenceRequest, PAD_SLOT, Preemption, RequestId,
-    Scheduler as RustScheduler, SchedulerConfig, SubmitHandle,
+    Scheduler as RustScheduler, SchedulerConfig, SubmitHandle, TiersConfig,
 };
 use kvbm_sequence::KvCacheGroups;
 use pyo3::exceptions::PyTypeError;
@@ -236,13 +236,14 @@ impl Scheduler {
             }
         };
         let events = events.then(|| manager.subscribe_events(1024));
-        let mut scheduler = match (groups, tiers) {
-            (Some(groups), Some(tiers)) => {
+        // No lower tier is `with_tiers` of none, which is `new` (and
+        // `with_kv_groups_and_tiers` of none is `with_kv_groups`).
+        let tiers = tiers.unwrap_or_else(|| TiersConfig::new(Vec::new()));
+        let mut scheduler = match groups {
+            Some(groups) => {
                 RustScheduler::with_kv_groups_and_tiers(manager.clone(), config, groups, tiers)
             }
-            (Some(groups), None) => RustScheduler::with_kv_groups(manager.clone(), config, groups),
-            (None, Some(tiers)) => RustScheduler::with_tiers(manager.clone(), config, tiers),
-            (None, None) => RustScheduler::new(manager.clone(), config),
+            None => RustScheduler::with_tiers(manager.clone(), config, tiers),
         }
         .map_err(Error::from)?;
         // No recorder is installed from Python: skip the reads metrics need.

@@ -118,13 +118,9 @@ impl TierSweepConfig {
     /// As [`ServeConfig::validate`], and the capacity errors of serve mode.
     pub fn gpu_tokens(&self) -> Result<u64, SimError> {
         self.engine.validate()?;
-        let block_size = self.engine.block_size;
         let blocks = self.engine.capacity_blocks()?;
-        let per_group = match &self.engine.kv {
-            None => blocks,
-            Some(kv) => blocks / kv.groups(block_size)?.len().max(1),
-        };
-        Ok((per_group as u64).saturating_mul(block_size as u64))
+        let per_group = blocks / self.engine.kv_group_count()?.max(1);
+        Ok((per_group as u64).saturating_mul(self.engine.block_size as u64))
     }
 
     /// The host tiers the sweep runs, in tokens (whole blocks), ascending

@@ -197,10 +197,7 @@ impl ClusterConfig {
         };
         self.network.validate("network")?;
         let block_size = self.engine.block_size.max(1) as u64;
-        let groups = match &self.engine.kv {
-            Some(kv) => kv.groups(self.engine.block_size)?.len() as u64,
-            None => 1,
-        };
+        let groups = self.engine.kv_group_count()? as u64;
         let blocks = (tokens / block_size).saturating_mul(groups);
         if blocks == 0 || blocks > MAX_BLOCKS as u64 {
             return Err(SimError::InvalidTiers(format!(

@@ -271,9 +271,7 @@ pub(super) fn estimate(config: &ClusterConfig, capacity_blocks: usize, trace: &T
     let running_tokens = longest_requests(trace, running, copies);
     let running_blocks = (running_tokens.div_ceil(block_size)).saturating_add(running);
     // A model's KV cache groups: a sequence (tokens, hashes, table) each.
-    let groups = (engine.kv.as_ref())
-        .and_then(|kv| kv.groups(engine.block_size).ok())
-        .map_or(1, |groups| groups.len() as u128);
+    let groups = engine.kv_group_count().unwrap_or(1) as u128;
 
     let policies = config.policies.len() as u128;
     let per_request = (size_of::<TraceRequest>() as u128)

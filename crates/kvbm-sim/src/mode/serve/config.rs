@@ -202,17 +202,15 @@ impl ServeConfig {
         manager: BlockManager<Simulated>,
         tiers: Option<TiersConfig>,
     ) -> Result<Scheduler<Simulated>, SimError> {
-        let scheduler = match (&self.kv, tiers) {
-            (Some(kv), None) => {
-                let groups = Arc::new(kv.groups(self.block_size)?);
-                Scheduler::with_kv_groups(manager, self.scheduler, groups)?
-            }
-            (Some(kv), Some(tiers)) => {
+        // No lower tier is `with_tiers` of none, which is `new` (and
+        // `with_kv_groups_and_tiers` of none is `with_kv_groups`).
+        let tiers = tiers.unwrap_or_else(|| TiersConfig::new(Vec::new()));
+        let scheduler = match &self.kv {
+            Some(kv) => {
                 let groups = Arc::new(kv.groups(self.block_size)?);
                 Scheduler::with_kv_groups_and_tiers(manager, self.scheduler, groups, tiers)?
             }
-            (None, None) => Scheduler::new(manager, self.scheduler)?,
-            (None, Some(tiers)) => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
+            None => Scheduler::with_tiers(manager, self.scheduler, tiers)?,
         };
         Ok(scheduler)
     }
@@ -238,6 +236,21 @@ impl ServeConfig {
         ))
     }
 
+    /// The blocks `block_size` tokens of KV take in the pool: one per KV
+    /// cache group of the model ([`kv`](Self::kv)), 1 without one. What
+    /// sizes anything counted in tokens of KV (lower tiers, a cluster's
+    /// shared pool) in the model's blocks.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvSetup::groups`].
+    pub(crate) fn kv_group_count(&self) -> Result<usize, SimError> {
+        match &self.kv {
+            Some(kv) => Ok(kv.groups(self.block_size)?.len()),
+            None => Ok(1),
+        }
+    }
+
     /// The tiers as the replay builds them: [`tiers`](Self::tiers), or with
     /// a model ([`kv`](Self::kv)) in the model's blocks. A tier's tokens are
     /// then tokens of the model's KV: each group keeps a block of its own
@@ -259,7 +272,7 @@ impl ServeConfig {
         if !tiers.is_enabled() {
             return Ok(tiers);
         }
-        let groups = kv.groups(self.block_size)?.len() as u64;
+        let groups = self.kv_group_count()? as u64;
         let per_group = |tokens: Option<u64>| {
             tokens
                 .map(|tokens| {
