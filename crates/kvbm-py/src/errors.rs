@@ -242,7 +242,6 @@ impl From<RustSimError> for Error {
             | RustSimError::CapacityBelowBlock { .. }
             | RustSimError::ConflictingFlags { .. }
             | RustSimError::MissingFlag { .. }
-            | RustSimError::KvLayoutUnsupported { .. }
             | RustSimError::Groups(_) => Kind::Invalid,
             _ => Kind::Sim,
         };

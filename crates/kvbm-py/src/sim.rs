@@ -595,8 +595,9 @@ pub(crate) fn replay_cache<'py>(
 /// instead of ``capacity_blocks`` / ``capacity_tokens``;
 /// ``full_attention_only`` treats every layer as full attention. The
 /// report then has ``kv_groups`` and ``peak_kv_bytes``; tiers below the
-/// GPU hold the model's blocks (``host_tier_tokens`` of its KV), so
-/// ``kv_bytes_per_token`` does not go with a model.
+/// GPU hold the model's blocks (``host_tier_tokens`` of its KV, moved
+/// as real bytes with ``data_plane``), so ``kv_bytes_per_token`` does not
+/// go with a model.
 #[pyfunction]
 #[pyo3(signature = (trace = None, **options))]
 pub(crate) fn replay_serve<'py>(
@@ -613,12 +614,6 @@ pub(crate) fn replay_serve<'py>(
     };
     let config = engine_with_model(&options)?;
     options.finish()?;
-    if config.kv.is_some() && data_plane.is_some() {
-        return Err(Error::from(RustSimError::KvLayoutUnsupported {
-            with: "the data plane (data_plane)",
-        })
-        .into());
-    }
     run(py, move || {
         let report = kvbm_sim::mode::serve::replay_with_data_plane(
             &replayed,

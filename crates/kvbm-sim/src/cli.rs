@@ -558,13 +558,7 @@ impl ServeArgs {
     /// The engine's configuration, with the model's KV layout if one is
     /// asked for.
     pub(crate) fn config(&self) -> Result<ServeConfig, SimError> {
-        let config = self.model.engine_config(&self.engine)?;
-        if config.kv.is_some() && self.data_plane.is_some() {
-            return Err(SimError::KvLayoutUnsupported {
-                with: "the data plane (--data-plane)",
-            });
-        }
-        Ok(config)
+        self.model.engine_config(&self.engine)
     }
 }
 

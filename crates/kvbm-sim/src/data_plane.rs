@@ -186,7 +186,8 @@ impl SimDataPlane {
             return Err(SimError::DataPlane {
                 reason: format!(
                     "device memory and host arenas of {bytes} bytes ({in_memory} blocks of \
-                     {block_bytes} bytes) exceed {MAX_DATA_PLANE_BYTES}: lower --kv-bytes-per-token"
+                     {block_bytes} bytes) exceed {MAX_DATA_PLANE_BYTES}: lower the GPU's or the tiers' size, or --kv-bytes-per-token \
+                     (with a model, --capacity-bytes)"
                 ),
             });
         }

@@ -405,16 +405,6 @@ pub enum SimError {
         /// What it needs.
         needs: &'static str,
     },
-    /// A model's KV layout ([`ServeConfig::kv`](crate::ServeConfig::kv))
-    /// with a feature that does not support it yet.
-    #[error(
-        "a model's KV layout (--model or --groups) does not work with {with} yet: \
-         leave one of them out"
-    )]
-    KvLayoutUnsupported {
-        /// The feature (its flag).
-        with: &'static str,
-    },
     /// KV cache groups the sequence layer refuses (a window or chunk that
     /// is not a multiple of the block size, too many groups).
     #[error("KV cache groups: {0}")]

@@ -179,9 +179,9 @@ pub fn replay_with_events(
 ///
 /// As [`replay_with_events`], and [`SimError::DataPlane`] if there is no
 /// lower tier, the stores cannot be opened, or device memory and host
-/// arenas would exceed [`MAX_DATA_PLANE_BYTES`](crate::MAX_DATA_PLANE_BYTES);
-/// [`SimError::KvLayoutUnsupported`] for a data plane with a model's KV
-/// layout.
+/// arenas would exceed [`MAX_DATA_PLANE_BYTES`](crate::MAX_DATA_PLANE_BYTES).
+/// With a model's KV layout the blocks are the model's (every group's
+/// blocks move, each group's under its own hashes).
 #[instrument(level = "debug", skip_all, fields(block_size = config.block_size, capacity = %config.capacity))]
 pub fn replay_with_data_plane(
     trace: &Trace,
@@ -191,11 +191,6 @@ pub fn replay_with_data_plane(
     data_plane: Option<&crate::DataPlaneSpec>,
 ) -> Result<ServeReport, SimError> {
     config.validate()?;
-    if config.kv.is_some() && data_plane.is_some() {
-        return Err(SimError::KvLayoutUnsupported {
-            with: "the data plane (--data-plane)",
-        });
-    }
     let block_size = config.block_size;
     let capacity_blocks = config.capacity_blocks()?;
     let started = Instant::now();

@@ -8,7 +8,7 @@ use kvbm_queue::SchedulerConfig;
 use kvbm_sequence::{AttentionKind, GroupError};
 
 use super::*;
-use crate::{Capacity, DataPlaneSpec, KvModel, KvSetup, NoProgress};
+use crate::{Capacity, KvModel, KvSetup};
 
 /// The first `requests` requests of the embedded conversation excerpt.
 fn excerpt(requests: usize) -> Trace {
@@ -216,20 +216,9 @@ fn gpt_oss_speculates_with_its_groups() {
 }
 
 #[test]
-fn a_model_with_what_it_does_not_support_is_refused() {
+fn a_model_the_replay_cannot_lay_out_is_refused() {
     let trace = excerpt(5);
     let kv = setup("gpt-oss-120b", 10_000_000_000);
-    let config = ServeConfig::default().with_kv(kv);
-    match replay_with_data_plane(
-        &trace,
-        &config,
-        &mut NoProgress,
-        None,
-        Some(&DataPlaneSpec::Host),
-    ) {
-        Err(SimError::KvLayoutUnsupported { with }) => assert!(with.contains("data plane")),
-        other => panic!("{other:?}"),
-    }
     // A window the block size does not divide; memory for no block.
     assert!(matches!(
         ServeConfig::new(256, Capacity::Blocks(1))

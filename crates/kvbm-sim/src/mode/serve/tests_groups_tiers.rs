@@ -1,12 +1,12 @@
 //! Serve mode with a model's KV layout and tiers below the GPU together:
 //! every group's blocks go down and come back, the tiers are sized and
-//! priced in the model's blocks, and a host tier turns evicted prefixes
-//! into hits.
+//! priced in the model's blocks, a host tier turns evicted prefixes into
+//! hits, and with a data plane every group's loaded bytes are its own.
 
 use std::num::NonZeroUsize;
 
 use super::*;
-use crate::{KvModel, KvSetup, TierSetup};
+use crate::{DataPlaneSpec, KvModel, KvSetup, NoProgress, TierSetup};
 
 /// The first `requests` requests of the embedded conversation excerpt.
 fn excerpt(requests: usize) -> Trace {
@@ -82,4 +82,49 @@ fn a_tier_the_models_blocks_overflow_is_refused() {
         .with_kv(gpt_oss(false))
         .with_tiers(host);
     assert!(matches!(config.validate(), Err(SimError::InvalidTiers(_))));
+}
+
+#[test]
+fn a_data_plane_brings_every_groups_blocks_back_byte_for_byte() {
+    // Small blocks (two layers of each kind, 64 bytes a token and layer)
+    // keep the real bytes few; a GPU of a few requests evicts prefixes.
+    let model = KvModel::parse_layers("sliding_window:32:2,full:2", 64).unwrap();
+    let kv = KvSetup::new(model, 3_000_000);
+    let host = TierSetup::default().with_host_tokens(1 << 17);
+    let config = ServeConfig::default()
+        .with_kv(kv)
+        .with_tiers(host)
+        .with_audit_every(64);
+    let trace = excerpt(25);
+    let replay = |spec: Option<&DataPlaneSpec>| {
+        let report = replay_with_data_plane(&trace, &config, &mut NoProgress, None, spec).unwrap();
+        assert!(report.census.is_balanced(), "{:?}", report.census);
+        report
+    };
+    let plain = replay(None);
+    let real = replay(Some(&DataPlaneSpec::Host));
+    let simulated = |report: &ServeReport| {
+        let mut json = report.to_json();
+        let map = json.as_object_mut().unwrap();
+        for wall in ["data_plane", "replay_ms", "scheduler_ms"] {
+            map.remove(wall);
+        }
+        json
+    };
+    assert_eq!(simulated(&plain), simulated(&real));
+    let data = real.data_plane.as_ref().unwrap();
+    let cpu = &real.tiers.as_ref().unwrap().tiers[0];
+    assert!(cpu.loaded_blocks > 0, "{cpu:?}");
+    // Each group's blocks carry their group in their hash, so a window
+    // block landing where a full block belongs would not verify.
+    assert_eq!(data.loaded_blocks, cpu.loaded_blocks);
+    assert_eq!(
+        (data.verified_blocks, data.wrong_blocks),
+        (cpu.loaded_blocks, 0)
+    );
+    let block_bytes = real.kv.as_ref().unwrap().block_bytes;
+    assert_eq!(data.block_bytes, block_bytes);
+    assert_eq!(block_bytes, 16 * 2 * 64);
+    assert_eq!(data.bytes_read, cpu.loaded_blocks * block_bytes);
+    assert_eq!(data.bytes_written, cpu.stored_blocks * block_bytes);
 }
