@@ -72,7 +72,9 @@ mod kv;
 mod latency;
 mod report;
 mod scheduler_clock;
+mod step;
 mod step_time;
+mod summary;
 mod tier_report;
 mod tokens;
 mod tracks;
@@ -82,15 +84,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvbm_blocks::BlockManager;
-use kvbm_queue::{
-    EngineOutput, FinishReason, InferenceRequest, Priority, QueueError, RequestId, Scheduler,
-    StepPlan,
-};
+use kvbm_queue::{EngineOutput, InferenceRequest, QueueError, RequestId, Scheduler, StepPlan};
 use kvbm_sequence::HashedPrompt;
 use tracing::instrument;
 
 pub use self::config::ServeConfig;
-use self::draws::Stream;
 pub use self::draws::{PriorityMix, priority_from_vllm};
 use self::kv::KvPeaks;
 pub use self::kv::{KvGroupReport, KvReport};
@@ -102,12 +100,12 @@ pub use self::step_time::StepTime;
 pub use self::tier_report::{OnboardFigures, TierFigures, TierReport};
 pub(crate) use self::tokens::shared_prompt;
 pub use self::tokens::{prompt_tokens, trace_token};
-use self::tracks::Tracks;
+pub(crate) use self::tracks::TRACK_BYTES;
+use self::tracks::{Tracks, new_track};
 use self::transfers::EngineTransfers;
 use crate::events::{EventSink, EventTap, SUBSCRIPTION_CAPACITY};
 use crate::tiers::LinkClock;
-use crate::trace::arrival_nanos;
-use crate::{Eviction, HitStats, Progress, SimError, Trace, TraceRequest};
+use crate::{Eviction, Progress, SimError, Trace};
 
 /// A prompt as the simulator submits it: its tokens, or its tokens with the
 /// block hashes a router already computed for them (so the engine's
@@ -224,68 +222,6 @@ pub fn replay_with_data_plane(
     let mut report = sim.report(capacity_blocks)?;
     report.replay_time = started.elapsed();
     Ok(report)
-}
-
-/// One request's life, in nanoseconds of simulated time.
-///
-/// Serve mode's engine keeps one per trace request, a cluster's engine one
-/// per request routed to it ([`Tracks`]); its size is a term of cluster
-/// mode's memory estimate ([`TRACK_BYTES`]).
-#[derive(Clone, Copy, Debug)]
-struct Track {
-    arrival: u64,
-    admitted: u64,
-    first_token: u64,
-    finished: u64,
-    /// Order of first admission, `NEVER` before it.
-    admission_rank: u64,
-    /// Prefix tokens matched at the first admission.
-    hit_tokens: u64,
-    preemptions: u32,
-    priority: Priority,
-    /// Admitted and holding blocks, as far as the plans have said.
-    running: bool,
-    /// When it began waiting for loads from a lower tier, `NEVER` if not.
-    onboarding_since: u64,
-    outcome: ServeOutcome,
-}
-
-/// Bytes an engine keeps per request it knows (its [`Track`]).
-pub(crate) const TRACK_BYTES: usize = size_of::<Track>();
-
-/// The record of request `index` before it arrives.
-///
-/// # Errors
-///
-/// [`SimError::TimestampTooLarge`] for a timestamp the clock cannot hold
-/// (never, for a checked [`Trace`]).
-fn new_track(
-    index: usize,
-    request: &TraceRequest,
-    priorities: Option<&PriorityMix>,
-    seed: u64,
-) -> Result<Track, SimError> {
-    let arrival = arrival_nanos(request.timestamp).ok_or(SimError::TimestampTooLarge {
-        line: index + 1,
-        timestamp: request.timestamp,
-    })?;
-    Ok(Track {
-        arrival,
-        admitted: NEVER,
-        first_token: NEVER,
-        finished: NEVER,
-        admission_rank: NEVER,
-        hit_tokens: 0,
-        preemptions: 0,
-        priority: match (request.priority, priorities) {
-            (Some(value), _) => priority_from_vllm(value),
-            (None, Some(mix)) => mix.pick(draws::unit(seed, Stream::Priority, index as u64, 0)),
-            (None, None) => Priority::Normal,
-        },
-        running: false,
-        onboarding_since: NEVER,
-        outcome: ServeOutcome::Pending,
-    })
 }
 
 /// The replay loop's state: one engine (serve mode's whole replay, or one
@@ -775,304 +711,6 @@ impl<'a> ServeSim<'a> {
             }
         }
         Ok(())
-    }
-
-    /// Runs one planned step through the stand-in engine and applies it.
-    /// Returns whether anything ran or changed.
-    fn step(&mut self, plan: &StepPlan) -> Result<bool, SimError> {
-        // The queue as this step's admission found it.
-        self.counters.steps_begin(1);
-        let start = self.now;
-        for &id in &plan.preempted {
-            if let Some(track) = self.tracks.get_mut(id.0 as usize) {
-                track.running = false;
-                track.preemptions += 1;
-            }
-            self.counters.preemptions += 1;
-            self.counters.running = self.counters.running.saturating_sub(1);
-        }
-        for finished in &plan.finished {
-            self.finish(finished.id, finished.reason, start);
-        }
-        for &id in &plan.onboarding {
-            if let Some(track) = self.tracks.get_mut(id.0 as usize) {
-                track.onboarding_since = start;
-            }
-        }
-        if let Some(transfers) = &mut self.transfers {
-            // Stores and this step's loads start with the step.
-            transfers.start(start, &plan.transfers)?;
-        }
-        // Admissions: a request the plan hands a fresh table that was not
-        // running. Its work starts at its matched prefix.
-        let admitted = plan
-            .prefill
-            .iter()
-            .filter(|work| work.resumed)
-            .map(|work| (work.id, work.start))
-            .chain(
-                plan.decode
-                    .iter()
-                    .filter(|work| work.resumed)
-                    .map(|work| (work.id, work.position)),
-            );
-        for (id, hits) in admitted {
-            let Some(track) = self.tracks.get_mut(id.0 as usize) else {
-                continue;
-            };
-            if track.running {
-                continue; // a table swap after deduplication, not an admission
-            }
-            track.running = true;
-            if track.onboarding_since != NEVER {
-                self.counters.onboarded += 1;
-                self.counters.stall += start.saturating_sub(track.onboarding_since);
-                track.onboarding_since = NEVER;
-            }
-            self.counters.running += 1;
-            self.counters.admissions += 1;
-            self.counters.admitted_hit_tokens += hits as u64;
-            if track.admission_rank == NEVER {
-                track.admission_rank = self.counters.first_admissions;
-                self.counters.first_admissions += 1;
-                track.admitted = start;
-                track.hit_tokens = hits as u64;
-            }
-        }
-
-        // The engine: a token wherever one is due, never a stop.
-        self.outputs.clear();
-        let mut prefill_tokens = 0u64;
-        for work in &plan.prefill {
-            prefill_tokens += work.num_tokens as u64;
-            self.outputs.push(if work.emits_token {
-                let token = tokens::sampled_token(work.id.0, work.start + work.num_tokens);
-                EngineOutput::token(work.id, token)
-            } else {
-                EngineOutput::no_token(work.id)
-            });
-        }
-        // A speculative decode: each draft is accepted with probability
-        // `spec_accept` until the first rejection; the accepted drafts are
-        // the tokens it would have sampled anyway.
-        let mut draft_tokens = 0u64;
-        for work in &plan.decode {
-            let (id, next) = (work.id, work.position + 1);
-            draft_tokens += work.draft_tokens as u64;
-            let accepted =
-                draws::accepted_drafts(self.seed, self.spec_accept, id.0, next, work.draft_tokens);
-            let token = tokens::sampled_token(id.0, next + accepted);
-            // No drafts (a plain decode) collect into an empty, unallocated list.
-            let drafts = (next..next + accepted)
-                .map(|position| tokens::sampled_token(id.0, position))
-                .collect();
-            self.outputs
-                .push(EngineOutput::speculative(id, drafts, token));
-        }
-        let decodes = plan.decode.len() as u64;
-        let outputs = &self.outputs;
-        let report = (self.scheduler_clock).time(|| self.scheduler.apply(outputs))?;
-
-        // Verifying drafts costs what prefilling as many tokens does.
-        let elapsed = self
-            .step_time
-            .step_nanos(prefill_tokens.saturating_add(draft_tokens), decodes);
-        // `NEVER` is no time: a step that would end there or later has run
-        // past the clock.
-        // (The error is built only when returned: it has heap fields.)
-        let Some(end) = start.checked_add(elapsed).filter(|&end| end < NEVER) else {
-            return Err(SimError::ClockOverflow {
-                step: self.counters.scheduler_steps,
-            });
-        };
-        let ran = !plan.is_empty();
-        if ran {
-            let scheduled = (plan.prefill.len() + plan.decode.len()) as u64;
-            (self.counters).ran(1, scheduled, prefill_tokens, decodes, elapsed);
-        }
-        self.now = end;
-        if let Some(transfers) = &mut self.transfers {
-            // What the step registered goes down as it ends.
-            transfers.start_planned(end, &mut self.scheduler)?;
-        }
-        self.counters.output_tokens += report.generated_tokens as u64;
-        for id in &report.first_tokens {
-            if let Some(track) = self.tracks.get_mut(id.0 as usize)
-                && track.first_token == NEVER
-            {
-                track.first_token = end;
-                let prompt = self
-                    .trace
-                    .requests()
-                    .get(id.0 as usize)
-                    .map_or(0, |r| r.input_length);
-                self.counters.unprefilled_tokens =
-                    self.counters.unprefilled_tokens.saturating_sub(prompt);
-                let nanos = end.saturating_sub(track.arrival);
-                self.ttft.record(Duration::from_nanos(nanos).as_secs_f64());
-            }
-        }
-        for finished in &report.finished {
-            self.finish(finished.id, finished.reason, end);
-        }
-        Ok(ran || !plan.preempted.is_empty() || !plan.finished.is_empty())
-    }
-
-    fn finish(&mut self, id: RequestId, reason: FinishReason, at: u64) {
-        let Some(track) = self.tracks.get_mut(id.0 as usize) else {
-            return;
-        };
-        if track.running {
-            self.counters.running = self.counters.running.saturating_sub(1);
-        }
-        track.running = false;
-        track.finished = at;
-        track.outcome = match reason {
-            FinishReason::MaxTokens | FinishReason::Stop => ServeOutcome::Finished,
-            FinishReason::CapacityExceeded => ServeOutcome::CapacityExceeded,
-            FinishReason::Aborted | FinishReason::Cancelled => ServeOutcome::Aborted,
-            // A reason added after this was written: the request left early.
-            _ => ServeOutcome::Aborted,
-        };
-        self.counters.exited += 1;
-        self.counters.unreported += 1;
-    }
-
-    /// The trace indices of [`report`](Self::report)'s requests, in its
-    /// order: every trace request for serve mode's engine, the requests
-    /// routed to it, as they were, for a cluster's.
-    pub(crate) fn request_indices(&self) -> Vec<usize> {
-        self.tracks.indices()
-    }
-
-    /// The report of a finished replay (replay time left at zero): a
-    /// timeline per request the engine knows
-    /// ([`request_indices`](Self::request_indices)).
-    pub(crate) fn report(&self, capacity_blocks: usize) -> Result<ServeReport, SimError> {
-        let census = self.scheduler.audit()?;
-        let block_size = self.scheduler.manager().block_size();
-        let requests = self.trace.requests();
-        let mut hits = HitStats::default();
-        let mut timelines = Vec::with_capacity(self.tracks.len());
-        for (index, track) in self.tracks.iter() {
-            let Some(request) = requests.get(index) else {
-                continue;
-            };
-            let at = |nanos: u64| (nanos != NEVER).then(|| Duration::from_nanos(nanos));
-            let timeline = RequestTimeline {
-                arrival: Duration::from_nanos(track.arrival),
-                admitted: at(track.admitted),
-                first_token: at(track.first_token),
-                finished: at(track.finished),
-                admission_rank: (track.admission_rank != NEVER).then_some(track.admission_rank),
-                input_tokens: request.input_length,
-                output_tokens: request.output_length,
-                hit_tokens: track.hit_tokens,
-                preemptions: track.preemptions,
-                priority: track.priority,
-                outcome: track.outcome,
-            };
-            if timeline.outcome.was_accepted() {
-                hits.record_tokens(
-                    request.input_length,
-                    request.input_length.div_ceil(block_size as u64),
-                    track.hit_tokens,
-                    block_size,
-                );
-            }
-            timelines.push(timeline);
-        }
-        let first_arrival = self
-            .arrivals
-            .first()
-            .and_then(|&index| self.tracks.get(index))
-            .map_or(0, |track| track.arrival);
-        let counters = &self.counters;
-        // Every admission the plans showed is one the census counted.
-        debug_assert_eq!(counters.admitted_hit_tokens, census.prefix_hit_tokens);
-        let (ttft, tpot, e2e) = report::latencies(&timelines);
-        Ok(ServeReport {
-            block_size,
-            capacity_blocks,
-            eviction: self.eviction,
-            scheduler: *self.scheduler.config(),
-            step_time: self.step_time,
-            hits,
-            rejected_requests: counters.rejected,
-            admissions: AdmissionStats {
-                admissions: counters.admissions,
-                admitted_tokens: census.prompt_tokens,
-                admitted_hit_tokens: census.prefix_hit_tokens,
-            },
-            census,
-            preemptions: counters.preemptions,
-            evictions: self.scheduler.manager().metrics().evictions,
-            steps: counters.steps,
-            scheduled_requests: counters.scheduled_requests,
-            prefill_tokens: counters.prefill_tokens,
-            decode_tokens: counters.decode_tokens,
-            spec_proposed_tokens: census.spec_proposed_tokens,
-            spec_accepted_tokens: census.spec_accepted_tokens,
-            output_tokens: counters.output_tokens,
-            ttft_by_priority: report::ttft_by_priority(&timelines),
-            ttft,
-            tpot,
-            e2e,
-            max_running: counters.max_running,
-            max_waiting: counters.max_waiting,
-            sim_duration: Duration::from_nanos(self.now.saturating_sub(first_arrival)),
-            busy_time: Duration::from_nanos(counters.busy),
-            replay_time: Duration::ZERO,
-            scheduler_time: self.scheduler_clock.total(),
-            kv_events: self.events.as_ref().map(|tap| {
-                // The lower tiers' events go out on the same stream.
-                (self.lower_events.iter())
-                    .fold(tap.counts(), |all, (_, tap)| all.plus(&tap.counts()))
-            }),
-            tiers: self.tier_report(),
-            data_plane: (self.transfers.as_ref()).and_then(EngineTransfers::data_plane_report),
-            kv: self.kv.as_ref().map(KvPeaks::report),
-            requests: timelines,
-        })
-    }
-
-    /// What the tiers below the GPU did (`None` without them).
-    fn tier_report(&self) -> Option<TierReport> {
-        let links = &self.transfers.as_ref()?.links;
-        let tiers = self.scheduler.tiers()?;
-        let block_size = self.scheduler.manager().block_size() as u64;
-        let figures = (tiers.lower_ids().enumerate())
-            .map(|(index, tier)| {
-                let stats = tiers.stats(tier).unwrap_or_default();
-                let bytes = links.bytes.get(index).copied().unwrap_or_default();
-                TierFigures {
-                    medium: (tiers.config(tier)).map_or_else(String::new, |c| c.medium.clone()),
-                    capacity_blocks: tiers.config(tier).map_or(0, |c| c.blocks),
-                    hit_tokens: stats.loaded_blocks.saturating_mul(block_size),
-                    stored_blocks: stats.stored_blocks,
-                    loaded_blocks: stats.loaded_blocks,
-                    evicted_blocks: stats.evicted_blocks,
-                    bytes_stored: bytes[0],
-                    bytes_loaded: bytes[1],
-                    failed_loads: stats.failed_loads,
-                    skipped_stores: stats.skipped_stores,
-                }
-            })
-            .collect();
-        let onboard = self.scheduler.onboard_stats();
-        let counters = &self.counters;
-        Some(TierReport {
-            tiers: figures,
-            onboarding: OnboardFigures {
-                requests: onboard.requests,
-                blocks: onboard.blocks,
-                mean_stall: Duration::from_nanos(
-                    counters.stall.checked_div(counters.onboarded).unwrap_or(0),
-                ),
-                timeouts: onboard.timeouts,
-                declined: onboard.declined,
-            },
-        })
     }
 }
 

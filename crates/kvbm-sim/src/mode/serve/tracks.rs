@@ -11,8 +11,12 @@
 
 use std::collections::HashMap;
 
-use super::Track;
-use crate::SimError;
+use kvbm_queue::Priority;
+
+use super::draws::{self, Stream};
+use super::{NEVER, PriorityMix, ServeOutcome, priority_from_vllm};
+use crate::trace::arrival_nanos;
+use crate::{SimError, TraceRequest};
 
 /// One [`Track`] per request an engine knows, by request index.
 pub(super) enum Tracks {
@@ -88,8 +92,7 @@ impl Tracks {
                         {
                             return Err(SimError::OutOfMemory {
                                 what: "an engine's per-request state",
-                                bytes: (tracks.len() as u64 + 1)
-                                    .saturating_mul(super::TRACK_BYTES as u64),
+                                bytes: (tracks.len() as u64 + 1).saturating_mul(TRACK_BYTES as u64),
                             });
                         }
                         indices.push(index);
@@ -132,4 +135,66 @@ impl Tracks {
             Self::Routed { indices, .. } => indices.clone(),
         }
     }
+}
+
+/// One request's life, in nanoseconds of simulated time.
+///
+/// Serve mode's engine keeps one per trace request, a cluster's engine one
+/// per request routed to it ([`Tracks`]); its size is a term of cluster
+/// mode's memory estimate ([`TRACK_BYTES`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Track {
+    pub(super) arrival: u64,
+    pub(super) admitted: u64,
+    pub(super) first_token: u64,
+    pub(super) finished: u64,
+    /// Order of first admission, `NEVER` before it.
+    pub(super) admission_rank: u64,
+    /// Prefix tokens matched at the first admission.
+    pub(super) hit_tokens: u64,
+    pub(super) preemptions: u32,
+    pub(super) priority: Priority,
+    /// Admitted and holding blocks, as far as the plans have said.
+    pub(super) running: bool,
+    /// When it began waiting for loads from a lower tier, `NEVER` if not.
+    pub(super) onboarding_since: u64,
+    pub(super) outcome: ServeOutcome,
+}
+
+/// Bytes an engine keeps per request it knows (its [`Track`]).
+pub(crate) const TRACK_BYTES: usize = size_of::<Track>();
+
+/// The record of request `index` before it arrives.
+///
+/// # Errors
+///
+/// [`SimError::TimestampTooLarge`] for a timestamp the clock cannot hold
+/// (never, for a checked [`Trace`]).
+pub(super) fn new_track(
+    index: usize,
+    request: &TraceRequest,
+    priorities: Option<&PriorityMix>,
+    seed: u64,
+) -> Result<Track, SimError> {
+    let arrival = arrival_nanos(request.timestamp).ok_or(SimError::TimestampTooLarge {
+        line: index + 1,
+        timestamp: request.timestamp,
+    })?;
+    Ok(Track {
+        arrival,
+        admitted: NEVER,
+        first_token: NEVER,
+        finished: NEVER,
+        admission_rank: NEVER,
+        hit_tokens: 0,
+        preemptions: 0,
+        priority: match (request.priority, priorities) {
+            (Some(value), _) => priority_from_vllm(value),
+            (None, Some(mix)) => mix.pick(draws::unit(seed, Stream::Priority, index as u64, 0)),
+            (None, None) => Priority::Normal,
+        },
+        running: false,
+        onboarding_since: NEVER,
+        outcome: ServeOutcome::Pending,
+    })
 }
