@@ -474,9 +474,9 @@ pub(crate) struct ServeArgs {
     /// `redis:URL[,URL...]` (the lowest tier in a Redis Cluster; needs the
     /// `redis` feature). Each
     /// block is --kv-bytes-per-token x block size bytes of a fake engine's
-    /// KV, checked byte for byte when it comes back; keep them small (the
-    /// device's memory is allocated too). The JSON report gains
-    /// `data_plane`.
+    /// KV (with --model or --groups, the model's block), checked byte for
+    /// byte when it comes back; keep them small (the device's memory is
+    /// allocated too). The JSON report gains `data_plane`.
     #[arg(long, value_name = "STORE")]
     pub(crate) data_plane: Option<kvbm_sim::DataPlaneSpec>,
     /// Print one JSON object instead of the summary.

@@ -905,9 +905,9 @@ def replay_serve(
     ``capacity_tokens``); ``full_attention_only`` treats every layer as
     full attention at the same bytes. The report gains ``kv_groups`` and
     ``peak_kv_bytes``; tiers below the GPU then hold the model's blocks
-    (``host_tier_tokens`` tokens of its KV, every group's), so
-    ``kv_bytes_per_token`` (131072 by default, an 8B model) is not given
-    with one. Raises ``InvalidArgumentError`` for options that do not go
+    (``host_tier_tokens`` tokens of its KV, every group's; ``data_plane``
+    moves them as real bytes), so ``kv_bytes_per_token`` (131072 by
+    default, an 8B model) is not given with one. Raises ``InvalidArgumentError`` for options that do not go
     together, as the command line refuses its flags."""
 
 def replay_cluster(
