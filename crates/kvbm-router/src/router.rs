@@ -146,7 +146,7 @@ struct Tally {
     /// change once admitted).
     wire: Option<(WireFormat, Slot)>,
     /// The KV cache group its events are scored on, once learned
-    /// ([`groups::counts`]).
+    /// ([`groups::verdict`]).
     scored_group: Option<i64>,
 }
 
@@ -390,7 +390,8 @@ impl Router {
     pub fn apply(&self, worker: WorkerId, event: &KvEvent) -> Result<(), RouterError> {
         let state = self.worker(worker)?;
         let mut tally = lock(&state.tally);
-        if !groups::counts(event, &mut tally.scored_group) {
+        let verdict = groups::verdict(event, tally.scored_group);
+        if verdict == groups::Verdict::Skip {
             return Ok(());
         }
         let stats = &mut tally.stats;
@@ -398,6 +399,10 @@ impl Router {
             KvEvent::BlockStored(stored) => {
                 let medium = stored.medium.as_deref();
                 let slot = self.admit(worker, stored.block_size, medium, stats)?;
+                if let groups::Verdict::Learn(group) = verdict {
+                    tally.scored_group = Some(group);
+                }
+                let stats = &mut tally.stats;
                 let hashes = &stored.block_hashes;
                 self.store(
                     worker,

@@ -22,24 +22,37 @@ fn is_full(kind: Option<&str>, group: i64) -> bool {
     }
 }
 
-/// Whether `event` counts for a worker scoring on `scored` (learned here
-/// from a store if still `None`): events of no group always do.
-pub(super) fn counts(event: &KvEvent, scored: &mut Option<i64>) -> bool {
+/// What one event does for a worker scoring on `scored`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Left out: another group's, or a group's not learned yet.
+    Skip,
+    /// Counts.
+    Count,
+    /// A store of the first full-attention group: counts, and makes its
+    /// group the scored one once the store is taken (a store refused for
+    /// its block size or medium teaches nothing, as it changes nothing).
+    Learn(i64),
+}
+
+/// What `event` does for a worker scoring on `scored` (`None`: not
+/// learned yet); events of no group always count.
+pub(super) fn verdict(event: &KvEvent, scored: Option<i64>) -> Verdict {
+    let counts = |yes: bool| if yes { Verdict::Count } else { Verdict::Skip };
     match event {
-        KvEvent::BlockStored(stored) => match stored.group_idx {
-            None => true,
-            Some(group) => match *scored {
-                Some(scored) => group == scored,
-                None if is_full(stored.kv_cache_spec_kind.as_deref(), group) => {
-                    *scored = Some(group);
-                    true
-                }
-                None => false,
-            },
+        KvEvent::BlockStored(stored) => match (stored.group_idx, scored) {
+            (None, _) => Verdict::Count,
+            (Some(group), Some(scored)) => counts(group == scored),
+            (Some(group), None) if is_full(stored.kv_cache_spec_kind.as_deref(), group) => {
+                Verdict::Learn(group)
+            }
+            (Some(_), None) => Verdict::Skip,
         },
         // A removal of a group not learned yet names nothing indexed.
-        KvEvent::BlockRemoved(removed) => removed.group_idx.is_none_or(|g| Some(g) == *scored),
-        _ => true,
+        KvEvent::BlockRemoved(removed) => {
+            counts(removed.group_idx.is_none_or(|g| Some(g) == scored))
+        }
+        _ => Verdict::Count,
     }
 }
 
@@ -77,20 +90,26 @@ mod tests {
 
     #[test]
     fn the_first_full_group_stored_is_the_one_scored_as_vllm_numbers_gpt_oss() {
+        use Verdict::{Count, Learn, Skip};
         // vLLM's gpt-oss: group 0 slides, group 1 is full.
-        let mut scored = None;
-        assert!(!counts(&removed(1), &mut scored), "nothing learned yet");
-        assert!(!counts(&stored(0, "sliding_window"), &mut scored));
-        assert!(counts(&stored(1, "full_attention"), &mut scored));
-        assert_eq!(scored, Some(1));
-        assert!(counts(&removed(1), &mut scored));
-        assert!(!counts(&removed(0), &mut scored));
-        assert!(
-            !counts(&stored(2, "full_attention"), &mut scored),
+        assert_eq!(verdict(&removed(1), None), Skip, "nothing learned yet");
+        assert_eq!(verdict(&stored(0, "sliding_window"), None), Skip);
+        assert_eq!(verdict(&stored(1, "full_attention"), None), Learn(1));
+        let scored = Some(1);
+        assert_eq!(verdict(&stored(1, "full_attention"), scored), Count);
+        assert_eq!(verdict(&removed(1), scored), Count);
+        assert_eq!(verdict(&removed(0), scored), Skip);
+        assert_eq!(
+            verdict(&stored(2, "full_attention"), scored),
+            Skip,
             "one group"
         );
         // Events of no group always count.
         let plain = KvEvent::BlockRemoved(BlockRemoved::new(vec![BlockHash::Int(1)]));
-        assert!(counts(&plain, &mut scored));
+        assert_eq!(verdict(&plain, scored), Count);
+        // No kind said: group 0 is taken for the full one.
+        let mut unnamed = BlockStored::new(vec![BlockHash::Int(1)], None, vec![0; 4], 4);
+        unnamed.group_idx = Some(0);
+        assert_eq!(verdict(&KvEvent::BlockStored(unnamed), None), Learn(0));
     }
 }

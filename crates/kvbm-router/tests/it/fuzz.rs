@@ -1,7 +1,8 @@
 //! API fuzzer: arbitrary sequences of router calls (workers added and
 //! removed, events of any hashes, `u64::MAX` and duplicates included, on
-//! any medium and block size, loads, routes) against a sequential
-//! reference model: a map of worker to its keys per medium.
+//! any medium and block size, of any KV cache group and kind, loads,
+//! routes) against a sequential reference model: a map of worker to its
+//! keys per medium, and the group each worker is scored on.
 //!
 //! After every call: its result is the model's (refusals typed and
 //! exact), every live worker's counters are the model's, the audit passes
@@ -10,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
+use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent, WireGroup};
 use kvbm_router::{
     Candidate, LeastLoaded, Policy, PrefixIndex, RouteRequest, Router, RouterError, WorkerId,
     WorkerLoad, WorkerStats, block_key,
@@ -30,11 +31,14 @@ enum Op {
         medium: Option<String>,
         block_size: u32,
         lora_name: Option<String>,
+        /// `group_idx` and `kv_cache_spec_kind`.
+        group: Option<(i64, Option<String>)>,
     },
     Removed {
         worker: WorkerId,
         hashes: Vec<BlockHash>,
         medium: Option<String>,
+        group: Option<i64>,
     },
     Cleared(WorkerId),
     SetLoad(WorkerId, WorkerLoad),
@@ -77,6 +81,28 @@ fn block_size() -> impl Strategy<Value = u32> {
     prop_oneof![8 => Just(16u32), 1 => Just(32), 1 => Just(0), 1 => Just(u32::MAX)]
 }
 
+/// No group (a model of one), a few small ones, and the extremes.
+fn group_idx() -> impl Strategy<Value = Option<i64>> {
+    prop_oneof![
+        4 => Just(None),
+        4 => (0..3i64).prop_map(Some),
+        1 => Just(Some(i64::MAX)),
+        1 => Just(Some(-1)),
+    ]
+}
+
+/// vLLM's kinds, full and not, none said, and a name it has not.
+fn kind() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        Just(None),
+        Just(Some("full_attention".to_owned())),
+        Just(Some("mla_attention".to_owned())),
+        Just(Some("sliding_window".to_owned())),
+        Just(Some("chunked_local_attention".to_owned())),
+        Just(Some("no such kind".to_owned())),
+    ]
+}
+
 fn load() -> impl Strategy<Value = WorkerLoad> {
     let value = prop_oneof![0..100u64, Just(u64::MAX)];
     (value.clone(), value.clone(), value).prop_map(|(a, q, r)| WorkerLoad::new(a, q, r))
@@ -86,12 +112,16 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => worker().prop_map(Op::Add),
         1 => worker().prop_map(Op::Remove),
-        6 => (worker(), hashes(), medium(), block_size(), prop::option::of(Just("lora".to_owned())))
-            .prop_map(|(worker, hashes, medium, block_size, lora_name)| Op::Stored {
+        6 => (
+            worker(), hashes(), medium(), block_size(), prop::option::of(Just("lora".to_owned())),
+            group_idx(), kind(),
+        )
+            .prop_map(|(worker, hashes, medium, block_size, lora_name, group, kind)| Op::Stored {
                 worker, hashes, medium, block_size, lora_name,
+                group: group.map(|group| (group, kind)),
             }),
-        3 => (worker(), hashes(), medium())
-            .prop_map(|(worker, hashes, medium)| Op::Removed { worker, hashes, medium }),
+        3 => (worker(), hashes(), medium(), group_idx())
+            .prop_map(|(worker, hashes, medium, group)| Op::Removed { worker, hashes, medium, group }),
         1 => worker().prop_map(Op::Cleared),
         1 => (worker(), load()).prop_map(|(w, l)| Op::SetLoad(w, l)),
         2 => (hashes(), prop_oneof![0..200usize, Just(usize::MAX)])
@@ -129,6 +159,8 @@ struct ModelWorker {
     held: BTreeMap<usize, BTreeSet<u128>>,
     counters: Counters,
     load: WorkerLoad,
+    /// The KV cache group its events count in, once a store taught it.
+    scored: Option<i64>,
 }
 
 impl ModelWorker {
@@ -179,9 +211,24 @@ impl Model {
                 hashes,
                 medium,
                 block_size,
+                group,
                 ..
             } => {
-                self.worker(*worker)?;
+                // Another group's store, or one of a group not known to
+                // cover whole prefixes before any did, is left out.
+                let scored = self.worker(*worker)?.scored;
+                let learns = match (group, scored) {
+                    (None, _) => None,
+                    (Some((group, _)), Some(scored)) if *group == scored => None,
+                    (Some(_), Some(_)) => return Ok(()),
+                    (Some((group, kind)), None) => {
+                        let full = kind.as_deref().map_or(*group == 0, WireGroup::is_full_kind);
+                        if !full {
+                            return Ok(());
+                        }
+                        Some(*group)
+                    }
+                };
                 let fixed = self.block_size;
                 let slot = self.find(medium.as_deref());
                 let refusal = match (fixed, slot, medium) {
@@ -218,6 +265,9 @@ impl Model {
                 });
                 self.block_size = Some(*block_size);
                 let state = self.worker(*worker)?;
+                if learns.is_some() {
+                    state.scored = learns;
+                }
                 let held = state.held.entry(slot).or_default();
                 held.extend(hashes.iter().map(block_key));
                 state.counters.stored += hashes.len() as u64;
@@ -227,9 +277,13 @@ impl Model {
                 worker,
                 hashes,
                 medium,
+                group,
             } => {
                 let slot = self.find(medium.as_deref());
                 let state = self.worker(*worker)?;
+                if group.is_some_and(|group| state.scored != Some(group)) {
+                    return Ok(());
+                }
                 for hash in hashes {
                     let known = slot
                         .and_then(|slot| state.held.get_mut(&slot))
@@ -278,10 +332,15 @@ fn call(router: &Router, op: &Op) -> Result<(), RouterError> {
             medium,
             block_size,
             lora_name,
+            group,
         } => {
             let mut stored = BlockStored::new(hashes.clone(), None, Vec::new(), *block_size);
             stored.medium = medium.clone();
             stored.lora_name = lora_name.clone();
+            if let Some((group, kind)) = group {
+                stored.group_idx = Some(*group);
+                stored.kv_cache_spec_kind = kind.clone();
+            }
             let event = KvEvent::BlockStored(stored);
             router.apply(*worker, &event)
         }
@@ -289,9 +348,11 @@ fn call(router: &Router, op: &Op) -> Result<(), RouterError> {
             worker,
             hashes,
             medium,
+            group,
         } => {
             let mut removed = BlockRemoved::new(hashes.clone());
             removed.medium = medium.clone();
+            removed.group_idx = *group;
             let event = KvEvent::BlockRemoved(removed);
             router.apply(*worker, &event)
         }
