@@ -27,6 +27,11 @@ fn event() -> impl Strategy<Value = KvEvent> {
         prop::option::of(any::<i64>()),
         text(),
         text(),
+        (
+            prop::option::of(any::<i64>()),
+            text(),
+            prop::option::of(any::<i64>()),
+        ),
     )
         .prop_map(
             |(
@@ -37,19 +42,28 @@ fn event() -> impl Strategy<Value = KvEvent> {
                 lora_id,
                 medium,
                 lora_name,
+                (group_idx, kind, window),
             )| {
                 let mut stored =
                     BlockStored::new(block_hashes, parent_block_hash, token_ids, block_size);
                 stored.lora_id = lora_id;
                 stored.medium = medium;
                 stored.lora_name = lora_name;
+                stored.group_idx = group_idx;
+                stored.kv_cache_spec_kind = kind;
+                stored.kv_cache_spec_sliding_window = window;
                 KvEvent::BlockStored(stored)
             },
         );
-    let removed =
-        (prop::collection::vec(hash(), 0..6), text()).prop_map(|(block_hashes, medium)| {
+    let removed = (
+        prop::collection::vec(hash(), 0..6),
+        text(),
+        prop::option::of(any::<i64>()),
+    )
+        .prop_map(|(block_hashes, medium, group_idx)| {
             let mut removed = BlockRemoved::new(block_hashes);
             removed.medium = medium;
+            removed.group_idx = group_idx;
             KvEvent::BlockRemoved(removed)
         });
     prop_oneof![stored, removed, Just(KvEvent::AllBlocksCleared)]
@@ -97,7 +111,8 @@ fn unknown_field() -> impl Strategy<Value = (String, Value)> {
 /// it: fields in any order, optional ones at `None` left out or not
 /// (msgspec's `omit_defaults`), unknown fields among them.
 fn shuffled_event() -> impl Strategy<Value = (KvEvent, Value)> {
-    let omit = prop::collection::vec(any::<bool>(), 8);
+    // One draw per field a store can have (so `zip` drops none).
+    let omit = prop::collection::vec(any::<bool>(), 11);
     let unknown = prop::collection::vec(unknown_field(), 0..4);
     (event(), omit, unknown)
         .prop_flat_map(|(event, omit, unknown)| {

@@ -86,29 +86,48 @@ fn text(text: &Option<String>) -> Value {
 /// whether it is optional (`None` then reads the same left out).
 pub(crate) fn fields(event: &KvEvent) -> Vec<(&'static str, Value, bool)> {
     match event {
-        KvEvent::BlockStored(s) => vec![
-            ("type", str("BlockStored"), false),
-            ("block_hashes", hashes(&s.block_hashes), false),
-            (
-                "parent_block_hash",
-                s.parent_block_hash.as_ref().map_or(Value::Nil, hash),
-                s.parent_block_hash.is_none(),
-            ),
-            ("token_ids", uints(s.token_ids.iter().copied()), false),
-            ("block_size", Value::UInt(s.block_size.into()), false),
-            (
-                "lora_id",
-                s.lora_id.map_or(Value::Nil, Value::Int),
-                s.lora_id.is_none(),
-            ),
-            ("medium", text(&s.medium), s.medium.is_none()),
-            ("lora_name", text(&s.lora_name), s.lora_name.is_none()),
-        ],
-        KvEvent::BlockRemoved(r) => vec![
-            ("type", str("BlockRemoved"), false),
-            ("block_hashes", hashes(&r.block_hashes), false),
-            ("medium", text(&r.medium), r.medium.is_none()),
-        ],
+        KvEvent::BlockStored(s) => {
+            let mut fields = vec![
+                ("type", str("BlockStored"), false),
+                ("block_hashes", hashes(&s.block_hashes), false),
+                (
+                    "parent_block_hash",
+                    s.parent_block_hash.as_ref().map_or(Value::Nil, hash),
+                    s.parent_block_hash.is_none(),
+                ),
+                ("token_ids", uints(s.token_ids.iter().copied()), false),
+                ("block_size", Value::UInt(s.block_size.into()), false),
+                (
+                    "lora_id",
+                    s.lora_id.map_or(Value::Nil, Value::Int),
+                    s.lora_id.is_none(),
+                ),
+                ("medium", text(&s.medium), s.medium.is_none()),
+                ("lora_name", text(&s.lora_name), s.lora_name.is_none()),
+            ];
+            // A model's KV cache group, written only when there is one.
+            if let Some(group) = s.group_idx {
+                fields.push(("group_idx", Value::Int(group), false));
+            }
+            if s.kv_cache_spec_kind.is_some() {
+                fields.push(("kv_cache_spec_kind", text(&s.kv_cache_spec_kind), false));
+            }
+            if let Some(window) = s.kv_cache_spec_sliding_window {
+                fields.push(("kv_cache_spec_sliding_window", Value::Int(window), false));
+            }
+            fields
+        }
+        KvEvent::BlockRemoved(r) => {
+            let mut fields = vec![
+                ("type", str("BlockRemoved"), false),
+                ("block_hashes", hashes(&r.block_hashes), false),
+                ("medium", text(&r.medium), r.medium.is_none()),
+            ];
+            if let Some(group) = r.group_idx {
+                fields.push(("group_idx", Value::Int(group), false));
+            }
+            fields
+        }
         KvEvent::AllBlocksCleared => vec![("type", str("AllBlocksCleared"), false)],
     }
 }
