@@ -679,9 +679,18 @@ fn serve_model_flags_that_do_not_fit_are_refused() {
         ),
         "--kv-bytes-per-token cannot be combined with --model or --groups",
     );
+    // A data plane takes a model's blocks, within its memory bound.
     fails_with(
         &with(&gpt, &["--data-plane", "host"]),
-        "does not work with the data plane",
+        "--data-plane needs a tier below the GPU",
+    );
+    fails_with(
+        &with(
+            &gpt,
+            &["--host-tier-tokens", "1000000", "--data-plane", "host"],
+        ),
+        "blocks of 589824 bytes) exceed 8589934592: lower the GPU's or the tiers' size, \
+         or --kv-bytes-per-token (with a model, --capacity-bytes)",
     );
 }
 
