@@ -394,15 +394,18 @@ impl Router {
         if verdict == groups::Verdict::Skip {
             return Ok(());
         }
-        let stats = &mut tally.stats;
+        let Tally {
+            stats,
+            scored_group,
+            ..
+        } = &mut *tally;
         match event {
             KvEvent::BlockStored(stored) => {
                 let medium = stored.medium.as_deref();
                 let slot = self.admit(worker, stored.block_size, medium, stats)?;
                 if let groups::Verdict::Learn(group) = verdict {
-                    tally.scored_group = Some(group);
+                    *scored_group = Some(group);
                 }
-                let stats = &mut tally.stats;
                 let hashes = &stored.block_hashes;
                 self.store(
                     worker,
