@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 
 use super::holders::{Bits, Holders, View, WorkerSlot};
+use super::shards::Shards;
 use super::walk::Survivors;
 use super::{PrefixIndex, Table};
 
@@ -131,6 +132,43 @@ proptest! {
             if let Some(h) = &holders {
                 prop_assert_eq!(h.len(), model.len());
                 prop_assert_eq!(h.iter().collect::<Vec<_>>(), model.iter().copied().collect::<Vec<_>>());
+            }
+        }
+    }
+
+    /// Any sequence of updates, in rounds (which read their keys ahead in
+    /// unit tests) or key by key, on any media, counts and leaves the
+    /// holders a map of sets does.
+    #[test]
+    fn fuzz_updates_match_a_map_of_sets(
+        ops in prop::collection::vec(
+            (any::<bool>(), 0..6usize, 0..3usize, prop::collection::vec(0..300u128, 0..150)),
+            1..40,
+        ),
+    ) {
+        let live = all_live(6);
+        let shards = Shards::default();
+        let mut model: std::collections::BTreeMap<(usize, u128), BTreeSet<WorkerSlot>> =
+            Default::default();
+        for (insert, slot, medium, keys) in ops {
+            let slot = slot as WorkerSlot;
+            let expected = keys.iter().filter(|&&key| {
+                let set = model.entry((medium, key)).or_default();
+                if insert { set.insert(slot) } else { set.remove(&slot) }
+            }).count();
+            let done = if insert {
+                shards.insert(medium, keys.iter().copied(), slot, &live)
+            } else {
+                shards.remove(medium, keys.iter().copied(), slot)
+            };
+            prop_assert_eq!(done, expected);
+            for key in keys {
+                let read = shards.read(key);
+                let held: Vec<WorkerSlot> =
+                    read.holders(medium, key).map_or_else(Vec::new, |h| h.iter().collect());
+                let want: Vec<WorkerSlot> =
+                    model.get(&(medium, key)).map_or_else(Vec::new, |s| s.iter().copied().collect());
+                prop_assert_eq!(held, want);
             }
         }
     }
