@@ -206,6 +206,14 @@ impl MapsRead<'_> {
     pub(super) fn holders(&self, medium: Slot, key: u128) -> Option<&Holders> {
         self.stripe.0[self.at].holders(medium, key, self.hash)
     }
+
+    /// Whether the key's map on `medium` is large enough that reading
+    /// keys ahead pays ([`AHEAD_FROM`]): the index has outgrown the
+    /// caches.
+    #[inline]
+    pub(super) fn outgrew_caches(&self, medium: Slot) -> bool {
+        (self.stripe.0[self.at].on(medium)).is_some_and(|map| map.len() >= AHEAD_FROM)
+    }
 }
 
 /// The shards, and the seed of every key's hash: per index, so that keys
@@ -427,6 +435,18 @@ impl Shards {
         }
         // What was found matters to no one: this keeps the lookups from
         // being optimised away.
+        std::hint::black_box(found);
+    }
+
+    /// Looks up each of `keys` on `medium`, a read lock each, for nothing
+    /// but the memory it reads: a walk that reads its next keys ahead so
+    /// then finds them cached, their misses overlapped (see
+    /// [`read_ahead`](Self::read_ahead)).
+    pub(super) fn read_keys_ahead(&self, medium: Slot, keys: &[u128]) {
+        let found = keys
+            .iter()
+            .filter(|&&key| self.read(key).holders(medium, key).is_some())
+            .count();
         std::hint::black_box(found);
     }
 

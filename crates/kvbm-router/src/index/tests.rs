@@ -173,6 +173,33 @@ proptest! {
         }
     }
 
+    /// A walk, reading its keys ahead in unit tests, finds each worker's
+    /// longest held prefix of the request, whatever else it holds.
+    #[test]
+    fn fuzz_walks_find_each_workers_longest_prefix(
+        held in prop::collection::vec(
+            (0..60usize, prop::collection::vec(0..80u128, 0..20)),
+            1..6,
+        ),
+    ) {
+        let index = PrefixIndex::new();
+        let request: Vec<u128> = (0..60).collect();
+        let mut want = Vec::new();
+        for (worker, (depth, extra)) in held.iter().enumerate() {
+            let worker = worker as u64;
+            index.insert_many(worker, request[..*depth].iter().copied().chain(extra.iter().copied()));
+            let mut keys: BTreeSet<u128> = request[..*depth].iter().copied().collect();
+            keys.extend(extra);
+            let longest = request.iter().take_while(|key| keys.contains(key)).count();
+            if longest > 0 {
+                want.push((worker, longest));
+            }
+        }
+        let mut found = index.overlaps(&request);
+        found.sort_unstable();
+        prop_assert_eq!(found, want);
+    }
+
     /// A walk of key sets in any forms ends each slot where a plain walk
     /// does.
     #[test]
