@@ -107,7 +107,7 @@ impl InactivePool {
     pub(crate) fn insert_last_first(&mut self, ids: &[BlockId], hashes: &[SequenceHash]) {
         let blocks = ids.iter().zip(hashes).rev();
         match self {
-            Self::Lru(lru) => blocks.for_each(|(&id, _)| lru.push(id)),
+            Self::Lru(lru) => lru.push_last_first(ids),
             Self::MultiLevel(ml) => blocks.for_each(|(&id, &hash)| ml.insert(id, hash)),
             Self::Lineage(lin) => blocks.for_each(|(&id, _)| lin.insert(id)),
         }

@@ -85,6 +85,41 @@ impl LruRing {
         self.live += 1;
     }
 
+    /// [`push`](Self::push) of each of `ids`, last first (a batch released
+    /// at once), with the ring's bookkeeping done once for the batch: a
+    /// compaction is due before the first push or not at all (each push
+    /// adds one entry and raises the bound by two), and one range check
+    /// tells whether any position is the skipped one. Past either rule's
+    /// reach (a ring near 2^32 positions), it pushes one at a time.
+    pub(crate) fn push_last_first(&mut self, ids: &[BlockId]) {
+        let n = ids.len();
+        if n == 0 {
+            return;
+        }
+        let after = self.live.saturating_add(n).saturating_mul(2);
+        if after.saturating_add(SLACK) <= MAX_RING {
+            // The first push's check; the later ones would all pass.
+            if self.ring.len() >= self.live * 2 + SLACK {
+                self.compact();
+            }
+            let first = self.position(self.ring.len());
+            // Positions `first..first + n` (wrapping) avoid `GONE` exactly
+            // when `GONE - first`, its offset from `first`, is `n` or more.
+            if GONE.wrapping_sub(first) as usize >= n {
+                for (offset, &id) in ids.iter().rev().enumerate() {
+                    debug_assert!(!self.contains(id), "{id} already cached");
+                    self.at[id.index()] = first.wrapping_add(offset as u32);
+                }
+                self.ring.extend(ids.iter().rev().copied());
+                self.live += n;
+                return;
+            }
+        }
+        for &id in ids.iter().rev() {
+            self.push(id);
+        }
+    }
+
     /// Takes `id` out of the cache (matched again); whether it was cached.
     pub(crate) fn remove(&mut self, id: BlockId) -> bool {
         let word = &mut self.at[id.index()];
@@ -210,6 +245,62 @@ mod tests {
                     prop_assert_eq!(ring.contains(BlockId::new(i)), model.contains(&i));
                 }
             }
+        }
+    }
+
+    proptest! {
+        /// A batch pushed last first leaves the ring as pushing its blocks
+        /// one at a time would, from any position (the skipped one among
+        /// the batch's) and any mix of stale and live entries before it.
+        #[test]
+        fn fuzz_a_batch_push_is_one_push_at_a_time(
+            start in prop_oneof![Just(0u32), Just(GONE - 5), any::<u32>()],
+            before in prop::collection::vec(op(), 0..60),
+            batch in prop::collection::vec(0u32..12, 0..8),
+        ) {
+            let mut one = LruRing::new(12);
+            one.front = start;
+            let mut cached = [false; 12];
+            for op in before {
+                match op {
+                    Op::Push(i) if !cached[i as usize] => {
+                        one.push(BlockId::new(i));
+                        cached[i as usize] = true;
+                    }
+                    Op::Push(_) => {}
+                    Op::Remove(i) => {
+                        one.remove(BlockId::new(i));
+                        cached[i as usize] = false;
+                    }
+                    Op::Pop => {
+                        if let Some(id) = one.pop() {
+                            cached[id.index()] = false;
+                        }
+                    }
+                }
+            }
+            // Distinct blocks not cached, as the pool's batches are.
+            let mut ids: Vec<BlockId> = Vec::new();
+            for i in batch {
+                if !cached[i as usize] && !ids.contains(&BlockId::new(i)) {
+                    ids.push(BlockId::new(i));
+                }
+            }
+            let mut batched = LruRing {
+                ring: one.ring.clone(),
+                front: one.front,
+                at: one.at.clone(),
+                live: one.live,
+            };
+            for &id in ids.iter().rev() {
+                one.push(id);
+            }
+            batched.push_last_first(&ids);
+            prop_assert_eq!(&batched.ring, &one.ring);
+            prop_assert_eq!(batched.front, one.front);
+            prop_assert_eq!(&batched.at, &one.at);
+            prop_assert_eq!(batched.live, one.live);
+            prop_assert_eq!(drain(&mut batched), drain(&mut one));
         }
     }
 

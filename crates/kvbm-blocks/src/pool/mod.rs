@@ -242,6 +242,101 @@ fn acquire_in(slots: &mut [Slot], inactive: &mut InactivePool, id: BlockId) -> B
     BlockInfo::from_raw(id, slot.epoch(), slot.value, slot.position)
 }
 
+/// The fields [`PoolState::cache`]'s loop reads and writes.
+struct CacheFields<'a> {
+    slots: &'a mut [Slot],
+    free: &'a mut FreeList,
+    registry: &'a mut Registry,
+    inactive: &'a mut InactivePool,
+    counters: &'a mut Counters,
+    events: &'a mut Option<EventLog>,
+}
+
+/// [`PoolState::cache`]'s loop: stores each of `hashes` not registered when
+/// its turn comes in a block of its own (free, else the policy's victim),
+/// up to `room` of them, their ids appended to `ids`; `hashes` keeps the
+/// ones stored. Returns how many missing ones did not fit.
+///
+/// A function of its own, over the fields apart, for the reason
+/// [`match_into`] is: as separate references the compiler knows a write to
+/// a slot, the registry or the free list leaves the others where they
+/// were, and keeps their pointers and lengths in registers across the loop
+/// instead of reloading them from the pool after every store.
+#[inline(never)]
+fn cache_into(
+    fields: CacheFields<'_>,
+    hashes: &mut Vec<SequenceHash>,
+    room: usize,
+    ids: &mut Vec<BlockId>,
+) -> usize {
+    let CacheFields {
+        slots,
+        free,
+        registry,
+        inactive,
+        counters,
+        events,
+    } = fields;
+    let lineage = inactive.tracks_lineage();
+    let mut skipped = 0;
+    let mut kept = 0;
+    for index in 0..hashes.len() {
+        let hash = hashes[index];
+        let value = hash.value();
+        // One bucket hash for the probe and the insert.
+        let bucket = registry.hash(value);
+        if (registry.get_hashed(bucket, value, |id| slots[id.index()].value())).is_some() {
+            continue;
+        }
+        if ids.len() == room {
+            skipped += 1;
+            continue;
+        }
+        let id = match free.pop(slots) {
+            Some(id) => id,
+            // `available` counted every cached block, so one is there;
+            // evicted as `PoolState::evict_reading` does.
+            None => {
+                let Some(id) = inactive.evict() else {
+                    skipped += 1;
+                    continue;
+                };
+                let slot = &mut slots[id.index()];
+                debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
+                let old = slot.value();
+                slot.end_life();
+                registry.remove(old, id);
+                inactive.on_evicted(id, |b| slots[b.index()].epoch());
+                counters.evictions += 1;
+                if let Some(events) = events.as_mut() {
+                    events.removed(old);
+                }
+                id
+            }
+        };
+        // Only lineage-aware eviction links children to parents (see
+        // `register`); the parent may be earlier in this batch.
+        let parent = match lineage {
+            true => (hash
+                .parent()
+                .and_then(|p| registered_in(registry, slots, p)))
+            .map(|p| (p, slots[p.index()].epoch())),
+            false => None,
+        };
+        registry.insert_new(bucket, id, |other| slots[other.index()].value());
+        let slot = &mut slots[id.index()];
+        *slot = Slot::new(hash, 0, slot.epoch(), SlotState::Registered);
+        inactive.on_register(id, hash, parent);
+        ids.push(id);
+        if kept != index {
+            hashes[kept] = hash;
+        }
+        kept += 1;
+    }
+    hashes.truncate(kept);
+    skipped
+}
+
 /// The state behind the mutex. Every method runs with the lock held.
 #[derive(Debug)]
 pub(crate) struct PoolState {
@@ -580,56 +675,26 @@ impl PoolState {
     /// stores.
     pub(crate) fn cache(&mut self, hashes: &mut Vec<SequenceHash>) -> usize {
         let room = self.available();
-        let lineage = self.inactive.tracks_lineage();
         // The ids standing for the stored hashes: a buffer the pool keeps
         // between calls, so a lower tier's write-through allocates nothing
         // per batch.
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
         ids.reserve(hashes.len().min(room));
-        let mut skipped = 0;
-        let mut kept = 0;
-        for index in 0..hashes.len() {
-            let hash = hashes[index];
-            // One bucket hash for the probe and the insert.
-            let bucket = self.registry.hash(hash.value());
-            let slots = &self.slots;
-            let present =
-                (self.registry).get_hashed(bucket, hash.value(), |id| slots[id.index()].value());
-            if present.is_some() {
-                continue;
-            }
-            if ids.len() == room {
-                skipped += 1;
-                continue;
-            }
-            let Some(id) = self.free.pop(&mut self.slots).or_else(|| {
-                // `available` counted every cached block, so one is there.
-                self.evict_reading(|slot| (slot.value(), ()))
-                    .map(|(id, ())| id)
-            }) else {
-                skipped += 1;
-                continue;
-            };
-            // Only lineage-aware eviction links children to parents (see
-            // `register`); the parent may be earlier in this batch.
-            let parent = match lineage {
-                true => (hash.parent().and_then(|p| self.registered(p)))
-                    .map(|p| (p, self.slots[p.index()].epoch())),
-                false => None,
-            };
-            let slots = &self.slots;
-            (self.registry).insert_new(bucket, id, |other| slots[other.index()].value());
-            let slot = &mut self.slots[id.index()];
-            *slot = Slot::new(hash, 0, slot.epoch(), SlotState::Registered);
-            self.inactive.on_register(id, hash, parent);
-            ids.push(id);
-            if kept != index {
-                hashes[kept] = hash;
-            }
-            kept += 1;
-        }
-        hashes.truncate(kept);
+        let skipped = cache_into(
+            CacheFields {
+                slots: &mut self.slots,
+                free: &mut self.free,
+                registry: &mut self.registry,
+                inactive: &mut self.inactive,
+                counters: &mut self.counters,
+                events: &mut self.events,
+            },
+            hashes,
+            room,
+            &mut ids,
+        );
+        let kept = hashes.len();
         self.counters.allocations += kept as u64;
         self.counters.registrations += kept as u64;
         if let Some(events) = &mut self.events {
