@@ -144,3 +144,60 @@ impl InactivePool {
         }
     }
 }
+
+/// What a lower tier's store loop (`PoolState::cache`) asks of the
+/// eviction order for each block: the [`InactivePool`] calls of the same
+/// names. Implemented by the pool, which dispatches on its policy at every
+/// call, and by the LRU ring, for which the loop is compiled on its own
+/// with no dispatch and none of the calls that do nothing under LRU (one
+/// per stored block and two per evicted one).
+pub(crate) trait StoreOrder {
+    /// [`InactivePool::tracks_lineage`].
+    fn tracks_lineage(&self) -> bool;
+    /// [`InactivePool::evict`].
+    fn evict(&mut self) -> Option<BlockId>;
+    /// [`InactivePool::on_evicted`].
+    fn on_evicted(&mut self, id: BlockId, epoch_of: impl Fn(BlockId) -> u32);
+    /// [`InactivePool::on_register`].
+    fn on_register(&mut self, id: BlockId, hash: SequenceHash, parent: Option<(BlockId, u32)>);
+}
+
+impl StoreOrder for InactivePool {
+    #[inline]
+    fn tracks_lineage(&self) -> bool {
+        InactivePool::tracks_lineage(self)
+    }
+
+    #[inline]
+    fn evict(&mut self) -> Option<BlockId> {
+        InactivePool::evict(self)
+    }
+
+    #[inline]
+    fn on_evicted(&mut self, id: BlockId, epoch_of: impl Fn(BlockId) -> u32) {
+        InactivePool::on_evicted(self, id, epoch_of);
+    }
+
+    #[inline]
+    fn on_register(&mut self, id: BlockId, hash: SequenceHash, parent: Option<(BlockId, u32)>) {
+        InactivePool::on_register(self, id, hash, parent);
+    }
+}
+
+impl StoreOrder for LruRing {
+    #[inline]
+    fn tracks_lineage(&self) -> bool {
+        false
+    }
+
+    #[inline]
+    fn evict(&mut self) -> Option<BlockId> {
+        self.pop()
+    }
+
+    #[inline]
+    fn on_evicted(&mut self, _: BlockId, _: impl Fn(BlockId) -> u32) {}
+
+    #[inline]
+    fn on_register(&mut self, _: BlockId, _: SequenceHash, _: Option<(BlockId, u32)>) {}
+}

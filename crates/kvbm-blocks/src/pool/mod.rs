@@ -17,7 +17,7 @@ use self::registry::Registry;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::events::{EventLog, EventSubscription};
-use crate::eviction::InactivePool;
+use crate::eviction::{InactivePool, StoreOrder};
 use crate::hash::join;
 use crate::sync::{Mutex, MutexGuard, lock};
 use crate::{
@@ -247,7 +247,6 @@ struct CacheFields<'a> {
     slots: &'a mut [Slot],
     free: &'a mut FreeList,
     registry: &'a mut Registry,
-    inactive: &'a mut InactivePool,
     counters: &'a mut Counters,
     events: &'a mut Option<EventLog>,
 }
@@ -255,7 +254,8 @@ struct CacheFields<'a> {
 /// [`PoolState::cache`]'s loop: stores each of `hashes` not registered when
 /// its turn comes in a block of its own (free, else the policy's victim),
 /// up to `room` of them, their ids appended to `ids`; `hashes` keeps the
-/// ones stored. Returns how many missing ones did not fit.
+/// ones stored. Returns how many missing ones did not fit. `inactive` is
+/// the pool's eviction order, or its LRU ring (see [`StoreOrder`]).
 ///
 /// A function of its own, over the fields apart, for the reason
 /// [`match_into`] is: as separate references the compiler knows a write to
@@ -265,6 +265,7 @@ struct CacheFields<'a> {
 #[inline(never)]
 fn cache_into(
     fields: CacheFields<'_>,
+    inactive: &mut impl StoreOrder,
     hashes: &mut Vec<SequenceHash>,
     room: usize,
     ids: &mut Vec<BlockId>,
@@ -273,7 +274,6 @@ fn cache_into(
         slots,
         free,
         registry,
-        inactive,
         counters,
         events,
     } = fields;
@@ -681,19 +681,18 @@ impl PoolState {
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
         ids.reserve(hashes.len().min(room));
-        let skipped = cache_into(
-            CacheFields {
-                slots: &mut self.slots,
-                free: &mut self.free,
-                registry: &mut self.registry,
-                inactive: &mut self.inactive,
-                counters: &mut self.counters,
-                events: &mut self.events,
-            },
-            hashes,
-            room,
-            &mut ids,
-        );
+        let fields = CacheFields {
+            slots: &mut self.slots,
+            free: &mut self.free,
+            registry: &mut self.registry,
+            counters: &mut self.counters,
+            events: &mut self.events,
+        };
+        // Under LRU the loop needs nothing of the order but its victims.
+        let skipped = match &mut self.inactive {
+            InactivePool::Lru(ring) => cache_into(fields, ring, hashes, room, &mut ids),
+            inactive => cache_into(fields, inactive, hashes, room, &mut ids),
+        };
         let kept = hashes.len();
         self.counters.allocations += kept as u64;
         self.counters.registrations += kept as u64;
