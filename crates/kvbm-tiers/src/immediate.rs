@@ -86,14 +86,31 @@ impl<D> Tiers<D> {
         hashes: &[SequenceHash],
         max_blocks: usize,
     ) -> (ImmutableBlocks<D>, Vec<usize>) {
-        let mut loaded_from = vec![0; self.lower.len() + 1];
+        let mut loaded_from = Vec::new();
+        let loaded = self.onboard_now_into(hashes, max_blocks, &mut loaded_from);
+        (loaded, loaded_from)
+    }
+
+    /// [`onboard_now`](Self::onboard_now) with the counts per tier level
+    /// written to `loaded_from` (cleared first), for a caller that reuses
+    /// one buffer from request to request: a replay onboards once a
+    /// request, and most find nothing below, where the allocation of the
+    /// counts was most of the call's cost.
+    pub fn onboard_now_into(
+        &mut self,
+        hashes: &[SequenceHash],
+        max_blocks: usize,
+        loaded_from: &mut Vec<usize>,
+    ) -> ImmutableBlocks<D> {
+        loaded_from.clear();
+        loaded_from.resize(self.lower.len() + 1, 0);
         let wanted = hashes
             .get(..max_blocks.min(hashes.len()))
             .unwrap_or_default();
         let mut pins: Vec<ImmutableBlocks<Lower>> = Vec::new();
         let found = match self.loading.is_empty() {
-            true => self.touch_runs(wanted, &mut loaded_from),
-            false => self.pin_runs(wanted, &mut loaded_from, &mut pins),
+            true => self.touch_runs(wanted, loaded_from),
+            false => self.pin_runs(wanted, loaded_from, &mut pins),
         };
         if let Some(sketch) = &mut self.hits {
             for hash in &wanted[..found] {
@@ -101,7 +118,7 @@ impl<D> Tiers<D> {
             }
         }
         if found == 0 {
-            return (ImmutableBlocks::new(), loaded_from);
+            return ImmutableBlocks::new();
         }
         let Ok(loaded) = self.device.store_blocks(&wanted[..found]) else {
             for (level, count) in loaded_from.iter_mut().enumerate().skip(1) {
@@ -111,14 +128,14 @@ impl<D> Tiers<D> {
                 }
                 *count = 0;
             }
-            return (ImmutableBlocks::new(), loaded_from);
+            return ImmutableBlocks::new();
         };
         self.counts.loaded_blocks += loaded.len() as u64;
         drop(pins);
         // As `onboard`: selective tiers below count these hits, and take
         // the blocks now due.
         self.store_hit_lower_now(&wanted[..found]);
-        (loaded, loaded_from)
+        loaded
     }
 
     /// With no load in flight nothing stops the walk but a block no tier

@@ -201,6 +201,8 @@ pub struct CacheSim {
     tiers: Option<(Tiers<Simulated>, [u64; 2])>,
     /// Transfers, reused from request to request.
     transfers: Vec<kvbm_tiers::Transfer>,
+    /// Blocks loaded per tier level, reused from request to request.
+    loaded_from: Vec<usize>,
 }
 
 impl CacheSim {
@@ -228,6 +230,7 @@ impl CacheSim {
             uncached_blocks: 0,
             tiers: None,
             transfers: Vec::new(),
+            loaded_from: Vec::new(),
         })
     }
 
@@ -290,8 +293,8 @@ impl CacheSim {
         if rest.is_empty() {
             return Ok(());
         }
-        let (loaded, loaded_from) = tiers.onboard_now(rest, rest.len());
-        for (level, &blocks) in loaded_from.iter().enumerate().skip(1) {
+        let loaded = tiers.onboard_now_into(rest, rest.len(), &mut self.loaded_from);
+        for (level, &blocks) in self.loaded_from.iter().enumerate().skip(1) {
             if let Some(slot) = served.get_mut(level - 1) {
                 *slot += blocks as u64;
             }

@@ -1,4 +1,4 @@
-//! Copies completed at once (`offload_now`, `onboard_now`): the same
+//! Copies completed at once (`offload_now`, `onboard_now`, `onboard_now_into`): the same
 //! choices as the planned path, with nothing ever in flight.
 
 use kvbm_tiers::{OffloadPolicy, TierConfig};
@@ -99,6 +99,24 @@ fn onboard_now_loads_a_prefix_from_each_highest_tier_and_stops_at_a_gap() {
     drop(after_gap);
     tiers.audit().unwrap();
     assert_eq!(device.metrics().in_use_blocks, 0);
+}
+
+#[test]
+fn onboard_now_into_reuses_a_buffer_and_counts_each_call_afresh() {
+    let device = device(8);
+    let mut tiers = tiers(&device, vec![TierConfig::new("CPU", 8)]);
+    let hashes = chain(1, 2);
+    tiers.offload_now(&batch(&compute(&device, &hashes)));
+    drop(device.allocate_blocks(8).unwrap());
+    let mut from = vec![7; 5];
+    let loaded = tiers.onboard_now_into(&hashes, 8, &mut from);
+    assert_eq!(loaded.len(), 2);
+    assert_eq!(from, [0, 2], "cleared, one count per level");
+    let none = tiers.onboard_now_into(&chain(9, 1), 8, &mut from);
+    assert!(none.is_empty());
+    assert_eq!(from, [0, 0], "nothing found: no count left from before");
+    drop(loaded);
+    tiers.audit().unwrap();
 }
 
 #[test]
