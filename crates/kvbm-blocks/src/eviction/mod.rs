@@ -13,7 +13,7 @@ use crate::{BlockId, EvictionPolicy, SequenceHash};
 
 use self::lineage::Lineage;
 use self::multi_level::MultiLevel;
-use self::ring::LruRing;
+pub(crate) use self::ring::LruRing;
 
 /// Cached blocks, ordered for eviction by the configured policy.
 #[derive(Debug)]

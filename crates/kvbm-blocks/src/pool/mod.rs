@@ -17,7 +17,7 @@ use self::registry::Registry;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::events::{EventLog, EventSubscription};
-use crate::eviction::{InactivePool, StoreOrder};
+use crate::eviction::{InactivePool, LruRing, StoreOrder};
 use crate::hash::join;
 use crate::sync::{Mutex, MutexGuard, lock};
 use crate::{
@@ -240,6 +240,33 @@ fn acquire_in(slots: &mut [Slot], inactive: &mut InactivePool, id: BlockId) -> B
     slot.refs = slot.refs.saturating_add(1);
     // Built from the slot's fields: the parent is not needed.
     BlockInfo::from_raw(id, slot.epoch(), slot.value, slot.position)
+}
+
+/// [`PoolState::touch_prefix`] under LRU: the longest registered prefix of
+/// `hashes`, its cached blocks (collected in `ids`) taken out of the ring
+/// and put back at its end last first, as `touch_prefix` puts them, in one
+/// batch; how many blocks the prefix has. LRU counts no hits, and a pinned
+/// block is not in the ring, so only the cached ones are collected.
+fn touch_lru(
+    registry: &Registry,
+    slots: &[Slot],
+    ring: &mut LruRing,
+    hashes: &[SequenceHash],
+    ids: &mut Vec<BlockId>,
+) -> usize {
+    let mut found = 0;
+    for hash in hashes {
+        let Some(id) = registered_in(registry, slots, hash.value()) else {
+            break;
+        };
+        found += 1;
+        if slots[id.index()].refs == 0 {
+            ring.remove(id);
+            ids.push(id);
+        }
+    }
+    ring.push_last_first(ids);
+    found
 }
 
 /// The fields [`PoolState::cache`]'s loop reads and writes.
@@ -736,6 +763,13 @@ impl PoolState {
     pub(crate) fn touch_prefix(&mut self, hashes: &[SequenceHash]) -> usize {
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
+        if let InactivePool::Lru(ring) = &mut self.inactive {
+            let found = touch_lru(&self.registry, &self.slots, ring, hashes, &mut ids);
+            self.counters.match_requested += found as u64;
+            self.counters.match_hit += found as u64;
+            self.scratch = ids;
+            return found;
+        }
         let tracks_hits = self.inactive.tracks_hits();
         for hash in hashes {
             let Some(id) = self.registered(hash.value()) else {
