@@ -106,9 +106,12 @@ impl LruRing {
             // Positions `first..first + n` (wrapping) avoid `GONE` exactly
             // when `GONE - first`, its offset from `first`, is `n` or more.
             if GONE.wrapping_sub(first) as usize >= n {
+                // The words apart from `self`, so their table's address
+                // stays in a register across the writes.
+                let at = self.at.as_mut_slice();
                 for (offset, &id) in ids.iter().rev().enumerate() {
-                    debug_assert!(!self.contains(id), "{id} already cached");
-                    self.at[id.index()] = first.wrapping_add(offset as u32);
+                    debug_assert!(at[id.index()] == GONE, "{id} already cached");
+                    at[id.index()] = first.wrapping_add(offset as u32);
                 }
                 self.ring.extend(ids.iter().rev().copied());
                 self.live += n;

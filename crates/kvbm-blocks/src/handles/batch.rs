@@ -206,7 +206,7 @@ impl<M> ImmutableBlocks<M> {
             return;
         };
         let pool = shared.lock();
-        out.extend(self.blocks.iter().map(|info| pool.hash_of(info.block_id())));
+        pool.hashes_of(&self.blocks, out);
     }
 
     /// A non-owning handle to the block at `index`.

@@ -269,6 +269,20 @@ fn touch_lru(
     found
 }
 
+/// [`PoolState::hashes_of`]'s loop, over the slots passed apart: the
+/// compiler then knows the writes to `out` leave the slots' table where it
+/// is, and keeps its address and length in registers instead of reloading
+/// them from the pool for every block (a lower tier's write-through reads
+/// every stored block's hash this way).
+#[inline(never)]
+fn hashes_into(slots: &[Slot], blocks: &[BlockInfo], out: &mut Vec<SequenceHash>) {
+    out.extend(
+        blocks
+            .iter()
+            .map(|info| slots[info.block_id().index()].hash()),
+    );
+}
+
 /// The fields [`PoolState::cache`]'s loop reads and writes.
 struct CacheFields<'a> {
     slots: &'a mut [Slot],
@@ -869,6 +883,12 @@ impl PoolState {
     /// The whole hash of a block a handle pins (its slot holds it).
     pub(crate) fn hash_of(&self, id: BlockId) -> SequenceHash {
         self.slots[id.index()].hash()
+    }
+
+    /// The whole hash of each of `blocks` ([`hash_of`](Self::hash_of)),
+    /// appended to `out`.
+    pub(crate) fn hashes_of(&self, blocks: &[BlockInfo], out: &mut Vec<SequenceHash>) {
+        hashes_into(&self.slots, blocks, out);
     }
 
     /// Re-takes a reference to the block `info` described, if it still holds
