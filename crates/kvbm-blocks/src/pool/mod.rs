@@ -322,8 +322,10 @@ fn cache_into(
     let mut skipped = 0;
     let mut kept = 0;
     for index in 0..hashes.len() {
-        let hash = hashes[index];
-        let value = hash.value();
+        // Only the key until the block is stored: the whole hash is read
+        // again for the slot, rather than held across the probe and the
+        // eviction, where it would be spilled and reloaded.
+        let value = hashes[index].value();
         // One bucket hash for the probe and the insert.
         let bucket = registry.hash(value);
         if (registry.get_hashed(bucket, value, |id| slots[id.index()].value())).is_some() {
@@ -355,6 +357,7 @@ fn cache_into(
                 id
             }
         };
+        let hash = hashes[index];
         // Only lineage-aware eviction links children to parents (see
         // `register`); the parent may be earlier in this batch.
         let parent = match lineage {
