@@ -32,10 +32,6 @@ use crate::sync::{
 };
 use crate::{RouterError, WorkerId};
 
-/// Keys a walk reads ahead at a time once the index has outgrown the
-/// caches (see [`PrefixIndex::overlaps`]).
-const WALK_AHEAD: usize = 16;
-
 /// Block keys by the workers that hold them, per storage medium. A key is
 /// the block's hash as the engines send it ([`block_key`](crate::block_key));
 /// it names the block *and its whole prefix*, so a worker holding a
@@ -369,25 +365,14 @@ impl PrefixIndex {
             return Vec::new();
         };
         let table = self.read();
-        let maps = self.shards.read(first);
-        let mut survivors = match maps.holders(medium, first) {
+        let mut survivors = match self.shards.read(first).holders(medium, first) {
             Some(holders) => Survivors::start(holders.view(), table.live()),
             None => return Vec::new(),
         };
-        // In an index larger than the caches each key's probe waits on
-        // its misses, one key after another: the walk reads its next
-        // `WALK_AHEAD` keys first, so that their misses overlap.
-        let ahead = !cfg!(kvbm_loom) && maps.outgrew_caches(medium);
-        drop(maps);
-        let mut read_to = 0;
         let mut ended = Vec::new();
         for (at, &key) in rest.iter().enumerate() {
             if survivors.is_empty() {
                 break;
-            }
-            if ahead && at == read_to {
-                read_to = rest.len().min(at.saturating_add(WALK_AHEAD));
-                self.shards.read_keys_ahead(medium, &rest[at..read_to]);
             }
             let maps = self.shards.read(key);
             // `at + 1` keys matched before this one.

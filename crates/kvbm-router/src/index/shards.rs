@@ -206,14 +206,6 @@ impl MapsRead<'_> {
     pub(super) fn holders(&self, medium: Slot, key: u128) -> Option<&Holders> {
         self.stripe.0[self.at].holders(medium, key, self.hash)
     }
-
-    /// Whether the key's map on `medium` is large enough that reading
-    /// keys ahead pays ([`AHEAD_FROM`]): the index has outgrown the
-    /// caches.
-    #[inline]
-    pub(super) fn outgrew_caches(&self, medium: Slot) -> bool {
-        (self.stripe.0[self.at].on(medium)).is_some_and(|map| map.len() >= AHEAD_FROM)
-    }
 }
 
 /// The shards, and the seed of every key's hash: per index, so that keys
@@ -239,20 +231,6 @@ impl Default for Shards {
 /// in a `u64` per lock.
 const ROUND: usize = 64;
 const _: () = assert!(ROUND <= 64);
-
-/// Keys in one map from which an update's round reads its keys ahead
-/// ([`Shards::read_ahead`]): 2M in the index, 100 MB or more. Measured
-/// with 128-block events (minimum of five runs, 2-core Intel VM): at 16.8M
-/// keys (1,024 workers of 16,384 blocks) reading ahead took a stored
-/// block from 189 to 140 ns and a removed one from 258 to 155; at 1M keys
-/// it was even (136 against 134 ns, 198 against 180); at 262k it cost 35
-/// ns a stored block, the lookup's own price where the entries are cached
-/// anyway.
-#[cfg(not(test))]
-const AHEAD_FROM: usize = 8_192;
-/// In unit tests, from the first key, so that every round reads ahead.
-#[cfg(test)]
-const AHEAD_FROM: usize = 1;
 
 /// Keys below which an update takes a lock per key instead: grouping a
 /// few (filling a round's buffer and its masks) costs more than the
@@ -286,7 +264,7 @@ impl Shards {
         live: &Bits,
     ) -> usize {
         let hasher = &self.hasher;
-        self.each(medium, keys, |maps, key| {
+        self.each(keys, |maps, key| {
             maps.insert(medium, key, slot, live, hasher)
         })
     }
@@ -299,11 +277,11 @@ impl Shards {
         keys: impl IntoIterator<Item = u128>,
         slot: WorkerSlot,
     ) -> usize {
-        self.each(medium, keys, |maps, key| maps.remove(medium, key, slot))
+        self.each(keys, |maps, key| maps.remove(medium, key, slot))
     }
 
-    /// Applies `op` to each of `keys` on `medium` under its lock's write
-    /// lock; how many times it returned true. The keys go in rounds of [`ROUND`],
+    /// Applies `op` to each of `keys` under its lock's write lock; how
+    /// many times it returned true. The keys go in rounds of [`ROUND`],
     /// each round's grouped by lock so that it takes each lock once: an
     /// uncontended lock still costs two atomic operations, which were
     /// most of an update's time when every key took its own. Keys under
@@ -312,7 +290,6 @@ impl Shards {
     #[inline]
     fn each(
         &self,
-        medium: Slot,
         keys: impl IntoIterator<Item = u128>,
         mut op: impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
@@ -331,7 +308,7 @@ impl Shards {
             done += if n < GROUPED {
                 self.one_by_one(round[..n].iter().copied(), &mut op)
             } else {
-                self.round(medium, &round[..n], &mut op)
+                self.round(&round[..n], &mut op)
             };
             if n < ROUND {
                 return done;
@@ -361,7 +338,6 @@ impl Shards {
     /// lose what the locks saved on keys many workers hold.)
     fn round(
         &self,
-        medium: Slot,
         keys: &[u128],
         op: &mut impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
@@ -373,7 +349,6 @@ impl Shards {
             *hash = KeyHash::of(&self.hasher, key);
             masks[hash.map() >> MAP_BITS] |= 1 << at;
         }
-        self.read_ahead(medium, keys, &hashes, &masks);
         let mut done = 0usize;
         for (shard, &mask) in self.shards.iter().zip(&masks) {
             if mask == 0 {
@@ -390,64 +365,6 @@ impl Shards {
             }
         }
         done
-    }
-
-    /// Looks up each of a round's `keys` on `medium` under read locks,
-    /// for nothing but the memory it reads, once the index has outgrown
-    /// the caches (its first key's map holds [`AHEAD_FROM`] keys). There
-    /// every update waits on a miss or two, and updates done one after
-    /// another under a write lock ran those misses in series; the round's
-    /// lookups, which depend on nothing, overlap them, and the updates
-    /// then find their entries cached. Read locks, one at a time and none
-    /// held with a write lock, cannot deadlock or change what the updates
-    /// do; the loom models, which would only explore more interleavings of
-    /// them, skip it.
-    #[inline]
-    fn read_ahead(&self, medium: Slot, keys: &[u128], hashes: &[KeyHash], masks: &[u64]) {
-        if cfg!(kvbm_loom) {
-            return;
-        }
-        let mut found = 0usize;
-        let mut sized = false;
-        for (shard, &mask) in self.shards.iter().zip(masks) {
-            if mask == 0 {
-                continue;
-            }
-            let stripe = read(&shard.0);
-            if !sized {
-                let first = hashes[mask.trailing_zeros() as usize].map() & (MAPS - 1);
-                if stripe.0[first]
-                    .on(medium)
-                    .is_none_or(|map| map.len() < AHEAD_FROM)
-                {
-                    return;
-                }
-                sized = true;
-            }
-            let mut mask = mask;
-            while mask != 0 {
-                let at = mask.trailing_zeros() as usize;
-                mask &= mask - 1;
-                let (key, hash) = (keys[at], hashes[at]);
-                let maps = &stripe.0[hash.map() & (MAPS - 1)];
-                found += usize::from(maps.holders(medium, key, hash).is_some());
-            }
-        }
-        // What was found matters to no one: this keeps the lookups from
-        // being optimised away.
-        std::hint::black_box(found);
-    }
-
-    /// Looks up each of `keys` on `medium`, a read lock each, for nothing
-    /// but the memory it reads: a walk that reads its next keys ahead so
-    /// then finds them cached, their misses overlapped (see
-    /// [`read_ahead`](Self::read_ahead)).
-    pub(super) fn read_keys_ahead(&self, medium: Slot, keys: &[u128]) {
-        let found = keys
-            .iter()
-            .filter(|&&key| self.read(key).holders(medium, key).is_some())
-            .count();
-        std::hint::black_box(found);
     }
 
     /// `key`'s maps, read-locked: its holders on every medium.

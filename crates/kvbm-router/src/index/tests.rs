@@ -136,9 +136,8 @@ proptest! {
         }
     }
 
-    /// Any sequence of updates, in rounds (which read their keys ahead in
-    /// unit tests) or key by key, on any media, counts and leaves the
-    /// holders a map of sets does.
+    /// Any sequence of updates, in rounds or key by key, on any media,
+    /// counts and leaves the holders a map of sets does.
     #[test]
     fn fuzz_updates_match_a_map_of_sets(
         ops in prop::collection::vec(
@@ -173,8 +172,8 @@ proptest! {
         }
     }
 
-    /// A walk, reading its keys ahead in unit tests, finds each worker's
-    /// longest held prefix of the request, whatever else it holds.
+    /// A walk finds each worker's longest held prefix of the request,
+    /// whatever else it holds.
     #[test]
     fn fuzz_walks_find_each_workers_longest_prefix(
         held in prop::collection::vec(
