@@ -145,12 +145,13 @@ impl InactivePool {
     }
 }
 
-/// What a lower tier's store loop (`PoolState::cache`) asks of the
-/// eviction order for each block: the [`InactivePool`] calls of the same
-/// names. Implemented by the pool, which dispatches on its policy at every
-/// call, and by the LRU ring, for which the loop is compiled on its own
-/// with no dispatch and none of the calls that do nothing under LRU (one
-/// per stored block and two per evicted one).
+/// What evicting a victim and registering a cached block ask of the
+/// eviction order: the [`InactivePool`] calls of the same names.
+/// Implemented by the pool, which dispatches on its policy at every call,
+/// and by the LRU ring, for which a lower tier's store loop
+/// (`PoolState::cache`) is compiled on its own with no dispatch and none of
+/// the calls that do nothing under LRU (one per stored block and two per
+/// evicted one).
 pub(crate) trait StoreOrder {
     /// [`InactivePool::tracks_lineage`].
     fn tracks_lineage(&self) -> bool;

@@ -283,6 +283,34 @@ fn hashes_into(slots: &[Slot], blocks: &[BlockInfo], out: &mut Vec<SequenceHash>
     );
 }
 
+/// Evicts `order`'s victim: unregisters it, counts and publishes its
+/// removal, and leaves its slot `Free` but off the free list, for the
+/// caller to hand out; with what `read` takes of the slot (its key first).
+/// [`PoolState::evict_reading`], and [`cache_into`]'s loop over the pool's
+/// fields apart.
+#[inline(always)]
+fn evict_victim<T>(
+    slots: &mut [Slot],
+    registry: &mut Registry,
+    order: &mut impl StoreOrder,
+    counters: &mut Counters,
+    events: &mut Option<EventLog>,
+    read: impl FnOnce(&Slot) -> (u128, T),
+) -> Option<(BlockId, T)> {
+    let id = order.evict()?;
+    let slot = &mut slots[id.index()];
+    debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
+    let (value, read) = read(slot);
+    slot.end_life();
+    registry.remove(value, id);
+    order.on_evicted(id, |b| slots[b.index()].epoch());
+    counters.evictions += 1;
+    if let Some(events) = events.as_mut() {
+        events.removed(value);
+    }
+    Some((id, read))
+}
+
 /// The fields [`PoolState::cache`]'s loop reads and writes.
 struct CacheFields<'a> {
     slots: &'a mut [Slot],
@@ -337,24 +365,16 @@ fn cache_into(
         }
         let id = match free.pop(slots) {
             Some(id) => id,
-            // `available` counted every cached block, so one is there;
-            // evicted as `PoolState::evict_reading` does.
+            // `available` counted every cached block, so one is there.
             None => {
-                let Some(id) = inactive.evict() else {
-                    skipped += 1;
-                    continue;
-                };
-                let slot = &mut slots[id.index()];
-                debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
-                let old = slot.value();
-                slot.end_life();
-                registry.remove(old, id);
-                inactive.on_evicted(id, |b| slots[b.index()].epoch());
-                counters.evictions += 1;
-                if let Some(events) = events.as_mut() {
-                    events.removed(old);
+                let read = |slot: &Slot| (slot.value(), ());
+                match evict_victim(slots, registry, inactive, counters, events, read) {
+                    Some((id, ())) => id,
+                    None => {
+                        skipped += 1;
+                        continue;
+                    }
                 }
-                id
             }
         };
         let hash = hashes[index];
@@ -585,19 +605,14 @@ impl PoolState {
     /// [`cache`](Self::cache)'s loop, where this is inlined).
     #[inline(always)]
     fn evict_reading<T>(&mut self, read: impl FnOnce(&Slot) -> (u128, T)) -> Option<(BlockId, T)> {
-        let id = self.inactive.evict()?;
-        let slot = &mut self.slots[id.index()];
-        debug_assert!(slot.state() == SlotState::Registered && slot.refs == 0);
-        let (value, read) = read(slot);
-        slot.end_life();
-        self.registry.remove(value, id);
-        let slots = &self.slots;
-        self.inactive.on_evicted(id, |b| slots[b.index()].epoch());
-        self.counters.evictions += 1;
-        if let Some(events) = &mut self.events {
-            events.removed(value);
-        }
-        Some((id, read))
+        evict_victim(
+            &mut self.slots,
+            &mut self.registry,
+            &mut self.inactive,
+            &mut self.counters,
+            &mut self.events,
+            read,
+        )
     }
 
     /// A `MutableBlock` or `CompleteBlock` was dropped.
