@@ -795,34 +795,31 @@ impl PoolState {
     pub(crate) fn touch_prefix(&mut self, hashes: &[SequenceHash]) -> usize {
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
-        if let InactivePool::Lru(ring) = &mut self.inactive {
-            let found = touch_lru(&self.registry, &self.slots, ring, hashes, &mut ids);
-            self.counters.match_requested += found as u64;
-            self.counters.match_hit += found as u64;
-            self.scratch = ids;
-            return found;
-        }
-        let tracks_hits = self.inactive.tracks_hits();
-        for hash in hashes {
-            let Some(id) = self.registered(hash.value()) else {
-                break;
-            };
-            if tracks_hits {
-                self.inactive.on_hit(*hash);
+        let found = if let InactivePool::Lru(ring) = &mut self.inactive {
+            touch_lru(&self.registry, &self.slots, ring, hashes, &mut ids)
+        } else {
+            let tracks_hits = self.inactive.tracks_hits();
+            for hash in hashes {
+                let Some(id) = self.registered(hash.value()) else {
+                    break;
+                };
+                if tracks_hits {
+                    self.inactive.on_hit(*hash);
+                }
+                // A pinned block stays pinned; a cached one leaves its
+                // place in line and rejoins at the end, below.
+                if self.slots[id.index()].refs == 0 {
+                    self.inactive.remove(id);
+                }
+                ids.push(id);
             }
-            // A pinned block stays pinned; a cached one leaves its place
-            // in line and rejoins at the end, below.
-            if self.slots[id.index()].refs == 0 {
-                self.inactive.remove(id);
+            for (&id, &hash) in ids.iter().zip(hashes).rev() {
+                if self.slots[id.index()].refs == 0 {
+                    self.inactive.insert(id, hash);
+                }
             }
-            ids.push(id);
-        }
-        let found = ids.len();
-        for (&id, &hash) in ids.iter().zip(hashes).rev() {
-            if self.slots[id.index()].refs == 0 {
-                self.inactive.insert(id, hash);
-            }
-        }
+            ids.len()
+        };
         self.counters.match_requested += found as u64;
         self.counters.match_hit += found as u64;
         self.scratch = ids;
