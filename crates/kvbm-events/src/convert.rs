@@ -64,7 +64,7 @@ impl WireFormat {
 
     /// An engine whose model's layers form KV cache groups, described by
     /// index (kvbm-sequence's `Salt::for_group` keeps a block's group in
-    /// its hash: [`group_of`](kvbm_sequence::group_of)): every event says
+    /// its hash: [`group_of`]): every event says
     /// its group, as vLLM 0.33's do, with the group taken off the block
     /// hashes (a block of one prefix hashes alike in every group, as in
     /// vLLM); a `BlockStored` also says the group's kind and window

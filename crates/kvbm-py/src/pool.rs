@@ -502,7 +502,7 @@ fn restore(held: &mut Held, blocks: Vec<kvbm_blocks::CompleteBlock<Device>>) {
     }
 }
 
-/// The values of `tokens`' full-block hashes, chained as [`crate::Sequence`]
+/// The values of `tokens`' full-block hashes, chained as [`Sequence`](crate::sequence::Sequence)
 /// chains them; exposed as `kvbm.block_hashes`.
 pub(crate) fn hash_values(tokens: &[u32], block_size: usize) -> Result<Vec<u128>, Error> {
     if block_size == 0 {

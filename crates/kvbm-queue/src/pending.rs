@@ -2,7 +2,7 @@
 //!
 //! One intrusive doubly linked list per priority, threaded through a slab,
 //! plus an id → slot index. Within one priority the service key
-//! `(rank, priority, seq)` grows with `seq` (for either [`Aging`](crate::Aging) policy),
+//! `(rank, priority, seq)` grows with `seq` (for either [`Aging`] policy),
 //! so each list is sorted by arrival and the next request overall is the
 //! smallest of four list heads. That makes enqueue, dequeue, remove and
 //! cancel O(1) (plus one hash operation), and removal is real: the node is
@@ -92,7 +92,7 @@ pub(crate) struct Pending<R: Request> {
     /// The slot of the last request inserted out of order (a restore): a
     /// hint where the next one goes, checked before use.
     finger: usize,
-    /// Whether ranks are plain priority steps ([`Aging::Strict`](crate::Aging::Strict)).
+    /// Whether ranks are plain priority steps ([`Aging::Strict`]).
     strict: bool,
     /// Queued requests with a preemption boost: while there are any, list
     /// order alone does not decide under `strict`.

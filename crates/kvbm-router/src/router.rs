@@ -171,7 +171,7 @@ fn everyone(
 
 /// The candidates `offer` names among `order`, `overlaps` (ascending by
 /// `worker_of`) crediting each by `credit_of`; `grouped` unless some
-/// credit is a lower tier's (see [`shortlist`]).
+/// credit is a lower tier's (see [`shortlist`](mod@shortlist)).
 fn offered<T>(
     order: &Roster,
     overlaps: &[T],

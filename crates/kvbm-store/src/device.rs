@@ -8,7 +8,7 @@ use crate::StoreError;
 /// The engine's device memory (G1): it copies a device block to or from a
 /// host buffer. An engine implements it over its KV cache tensors (a
 /// `cudaMemcpyAsync` and a wait, say); tests implement it with plain memory
-/// ([`HostDevice`](crate::HostDevice)).
+/// ([`HostDevice`]).
 ///
 /// Blocks are named by the device pool's [`BlockId`]s, as the tiers' transfer
 /// plans name them; every buffer is [`block_bytes`](Self::block_bytes) long.

@@ -9,7 +9,7 @@ use crate::sync::Arc;
 use crate::{BlockError, BlockId, BlockManager, MutableBlock, Rejected};
 
 /// An ordered run of freshly allocated blocks, each owned as by a
-/// [`MutableBlock`](crate::MutableBlock), such as the destinations of a copy
+/// [`MutableBlock`], such as the destinations of a copy
 /// between tiers.
 ///
 /// One handle for the run: allocating it

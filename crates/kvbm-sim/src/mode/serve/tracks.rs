@@ -33,7 +33,7 @@ pub(super) enum Tracks {
 }
 
 impl Tracks {
-    /// No requests yet: they are added by [`insert`](Self::insert).
+    /// No requests yet: they are added by [`get_or_insert`](Self::get_or_insert).
     pub(super) fn routed() -> Self {
         Self::Routed {
             indices: Vec::new(),
@@ -169,7 +169,7 @@ pub(crate) const TRACK_BYTES: usize = size_of::<Track>();
 /// # Errors
 ///
 /// [`SimError::TimestampTooLarge`] for a timestamp the clock cannot hold
-/// (never, for a checked [`Trace`]).
+/// (never, for a checked [`Trace`](crate::Trace)).
 pub(super) fn new_track(
     index: usize,
     request: &TraceRequest,
