@@ -1,0 +1,109 @@
+//! The event workloads of `--bench router`'s fleet rows, as a plain loop
+//! to count instructions under callgrind: on a shared 2-core machine the
+//! clock of a 2 µs event varies by half between runs, its instruction
+//! count not at all.
+//!
+//! ```sh
+//! cargo build --release -p kvbm-benches --example router_instructions
+//! for n in 1000 11000; do
+//!   valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/examples/router_instructions store-remove $n
+//! done
+//! ```
+//!
+//! The difference of the two totals over 10,000 iterations is the cost of
+//! one iteration without the setup (1,024 workers, each holding a 64-block
+//! chain shared by all and one of its own); divide by 128, the blocks an
+//! iteration's two events carry. `store-remove` stores then removes a
+//! chain of new blocks on one worker (`store+remove/fleet-1024`),
+//! `remove-store-shared` removes then stores again its copy of the shared
+//! chain (`store+remove/fleet-1024-shared`).
+
+use std::process::ExitCode;
+
+use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
+use kvbm_router::Router;
+
+/// Workers of the fleet.
+const FLEET: u64 = 1_024;
+/// Blocks per chain and per event.
+const CHAIN: u64 = 64;
+/// The chain every worker holds.
+const SHARED_CHAIN: u64 = u64::MAX;
+/// The worker the events come from.
+const WORKER: u64 = 5;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let shared = match args.first().map(String::as_str) {
+        Some("store-remove") => false,
+        Some("remove-store-shared") => true,
+        _ => return usage(),
+    };
+    let Some(iterations) = args.get(1).and_then(|n| n.parse::<usize>().ok()) else {
+        return usage();
+    };
+    let router = fleet_router();
+    let owner = if shared { SHARED_CHAIN } else { 1 << 40 };
+    let (store, remove) = (stored(chain(owner)), removed(chain(owner)));
+    let (first, second) = if shared {
+        (&remove, &store)
+    } else {
+        (&store, &remove)
+    };
+    for _ in 0..iterations {
+        if router.apply(WORKER, std::hint::black_box(first)).is_err()
+            || router.apply(WORKER, std::hint::black_box(second)).is_err()
+        {
+            eprintln!("router_instructions: worker {WORKER} refused");
+            return ExitCode::FAILURE;
+        }
+    }
+    let held = router.stats(WORKER).map(|stats| stats.held_blocks);
+    eprintln!("{iterations} iterations, worker {WORKER} holds {held:?} blocks");
+    ExitCode::SUCCESS
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: router_instructions store-remove|remove-store-shared ITERATIONS");
+    ExitCode::FAILURE
+}
+
+/// 1,024 workers, each with the shared chain and one of its own.
+fn fleet_router() -> Router {
+    let router = Router::new();
+    for worker in 0..FLEET {
+        // New workers with distinct ids: neither call can be refused.
+        let _ = router.add_worker(worker);
+        let _ = router.apply(worker, &stored(chain(SHARED_CHAIN).chain(chain(worker))));
+    }
+    router
+}
+
+/// A well-mixed key for `(owner, i)` (SplitMix64's finalizer), as the
+/// bench's: real block hashes are uniform.
+fn mixed(owner: u64, i: u64) -> u64 {
+    let mut z = owner
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn chain(owner: u64) -> impl Iterator<Item = u64> {
+    (0..CHAIN).map(move |i| mixed(owner, i))
+}
+
+fn stored(keys: impl Iterator<Item = u64>) -> KvEvent {
+    KvEvent::BlockStored(BlockStored::new(
+        keys.map(BlockHash::Int).collect(),
+        None,
+        Vec::new(),
+        16,
+    ))
+}
+
+fn removed(keys: impl Iterator<Item = u64>) -> KvEvent {
+    KvEvent::BlockRemoved(BlockRemoved::new(keys.map(BlockHash::Int).collect()))
+}
