@@ -295,7 +295,12 @@ impl Shards {
     ) -> usize {
         let mut keys = keys.into_iter();
         let mut done = 0usize;
-        if keys.size_hint().0 < GROUPED {
+        // Known to be few: a lock each, with no round to fill. Otherwise
+        // rounds, each of which still goes key by key if short. (The upper
+        // bound, not the lower: a filtered event's lower bound is 0, and
+        // deciding on it sent every removal of the in-process wire, which
+        // filters by KV cache group, through a lock per key.)
+        if keys.size_hint().1.is_some_and(|most| most < GROUPED) {
             return self.one_by_one(keys, &mut op);
         }
         let mut round = [0u128; ROUND];
