@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use kvbm_blocks::{BlockManager, EventSubscription};
 use kvbm_queue::{
     EngineOutput, GenerationReserve, InferenceRequest, PAD_SLOT, Preemption, RequestId,
-    Scheduler as RustScheduler, SchedulerConfig, SubmitHandle, TiersConfig,
+    Scheduler as RustScheduler, SchedulerConfig, SubmitHandle,
 };
 use kvbm_sequence::KvCacheGroups;
 use pyo3::exceptions::PyTypeError;
@@ -238,7 +238,7 @@ impl Scheduler {
         let events = events.then(|| manager.subscribe_events(1024));
         // No lower tier is `with_tiers` of none, which is `new` (and
         // `with_kv_groups_and_tiers` of none is `with_kv_groups`).
-        let tiers = tiers.unwrap_or_else(|| TiersConfig::new(Vec::new()));
+        let tiers = tiers.unwrap_or_default();
         let mut scheduler = match groups {
             Some(groups) => {
                 RustScheduler::with_kv_groups_and_tiers(manager.clone(), config, groups, tiers)

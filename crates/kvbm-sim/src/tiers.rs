@@ -339,7 +339,7 @@ impl TierSetup {
         let block_bytes = self.block_bytes(block_size)?;
         let prefill_token_s = step_time.per_prefill_token.as_secs_f64();
         let mut config = own.unwrap_or_else(|| {
-            TiersConfig::new(Vec::new()).with_cost(LoadCost::new(prefill_token_s, Vec::new()))
+            TiersConfig::default().with_cost(LoadCost::new(prefill_token_s, Vec::new()))
         });
         config.lower.push(
             TierConfig::shared(REMOTE, pool)

@@ -211,7 +211,7 @@ impl<M> Scheduler<M> {
             output_index: OutputIndex::default(),
             telemetry: Telemetry::default(),
             tiers: None,
-            tiers_config: TiersConfig::new(Vec::new()),
+            tiers_config: TiersConfig::default(),
             onboarding: Vec::new(),
             onboard_stats: OnboardStats::default(),
             groups: None,

@@ -31,6 +31,21 @@ pub struct TiersConfig {
     pub cost: Option<LoadCost>,
 }
 
+/// No lower tier, with the defaults: what a [`Scheduler`] without
+/// [`with_tiers`](Scheduler::with_tiers) runs with.
+///
+/// ```
+/// use kvbm_queue::TiersConfig;
+///
+/// assert!(TiersConfig::default().lower.is_empty());
+/// assert_eq!(TiersConfig::default(), TiersConfig::new(Vec::new()));
+/// ```
+impl Default for TiersConfig {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
+}
+
 impl TiersConfig {
     /// `lower` with the defaults.
     pub fn new(lower: Vec<TierConfig>) -> Self {

@@ -204,7 +204,7 @@ impl ServeConfig {
     ) -> Result<Scheduler<Simulated>, SimError> {
         // No lower tier is `with_tiers` of none, which is `new` (and
         // `with_kv_groups_and_tiers` of none is `with_kv_groups`).
-        let tiers = tiers.unwrap_or_else(|| TiersConfig::new(Vec::new()));
+        let tiers = tiers.unwrap_or_default();
         let scheduler = match &self.kv {
             Some(kv) => {
                 let groups = Arc::new(kv.groups(self.block_size)?);
