@@ -331,6 +331,8 @@ impl Shards {
         keys.filter(|&key| {
             let key = self.hashed(key);
             let map = key.1.map();
+            #[cfg(test)]
+            tests::count_write_lock();
             op(&mut write(self.lock(map)).0[map & (MAPS - 1)], key)
         })
         .count()
@@ -359,6 +361,8 @@ impl Shards {
             if mask == 0 {
                 continue;
             }
+            #[cfg(test)]
+            tests::count_write_lock();
             let mut stripe = write(&shard.0);
             let mut mask = mask;
             while mask != 0 {
@@ -425,5 +429,58 @@ impl Shards {
             }
         }
         total
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    thread_local! {
+        /// Write locks this thread's updates took.
+        static WRITE_LOCKS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// An update took a write lock (test builds only).
+    pub(super) fn count_write_lock() {
+        WRITE_LOCKS.with(|locks| locks.set(locks.get() + 1));
+    }
+
+    /// Write locks `update` took on this thread.
+    fn write_locks(update: impl FnOnce()) -> usize {
+        let before = WRITE_LOCKS.with(Cell::get);
+        update();
+        WRITE_LOCKS.with(Cell::get) - before
+    }
+
+    /// A long update takes each lock once per round, however its keys come:
+    /// a filtered iterator's lower size bound is 0, and deciding on it once
+    /// sent every in-process removal (filtered by KV cache group) through a
+    /// lock per key.
+    #[test]
+    fn long_updates_take_each_lock_once_per_round_even_filtered() {
+        let shards = Shards::default();
+        let live = Bits::default();
+        let keys: Vec<u128> = (0..ROUND as u128).map(|k| k * 0x9e37_79b9).collect();
+        let every = |&key: &u128| key != u128::MAX;
+        let stored = write_locks(|| {
+            let new = shards.insert(0, keys.iter().copied().filter(every), 1, &live);
+            assert_eq!(new, ROUND);
+        });
+        let removed = write_locks(|| {
+            let held = shards.remove(0, keys.iter().copied().filter(every), 1);
+            assert_eq!(held, ROUND);
+        });
+        assert!(
+            stored <= LOCKS && removed <= LOCKS,
+            "{stored} and {removed} locks"
+        );
+        // A few keys known to be few take a lock each.
+        let few = write_locks(|| {
+            shards.insert(0, keys[..GROUPED - 1].iter().copied(), 1, &live);
+        });
+        assert_eq!(few, GROUPED - 1);
     }
 }
