@@ -35,8 +35,9 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvbm_benches::fleet::{CHAIN, SHARED_CHAIN, chain, removed, stored};
 use kvbm_benches::is_smoke_test;
-use kvbm_events::{BlockHash, BlockStored, KvEvent};
+use kvbm_events::KvEvent;
 use kvbm_router::{KvAware, RouteRequest, Router, WorkerLoad};
 
 const WORKERS: u64 = 16;
@@ -44,8 +45,6 @@ const WORKERS: u64 = 16;
 const FLEET: u64 = 256;
 /// Workers of the fleet-size rows.
 const FLEET_1024: u64 = 1_024;
-/// Blocks of a fleet-size row's request and event.
-const CHAIN: u64 = 64;
 const BLOCKS: u64 = 256;
 const SHARED: u64 = 64;
 
@@ -59,15 +58,6 @@ fn key(worker: u64, chain: u64, i: u64) -> u64 {
     }
 }
 
-fn stored(keys: impl Iterator<Item = u64>) -> KvEvent {
-    KvEvent::BlockStored(BlockStored::new(
-        keys.map(BlockHash::Int).collect(),
-        None,
-        Vec::new(),
-        16,
-    ))
-}
-
 fn filled_router(workers: u64, chains: u64) -> Router {
     let router = Router::new();
     for worker in 0..workers {
@@ -78,31 +68,6 @@ fn filled_router(workers: u64, chains: u64) -> Router {
         }
     }
     router
-}
-
-/// A well-mixed key for `(owner, i)` (SplitMix64's finalizer): real block
-/// hashes are uniform, so the index sees the spread it sees in service.
-/// Owner `u64::MAX` is the chain every worker shares.
-fn mixed(owner: u64, i: u64) -> u64 {
-    let mut z = owner
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The chain every fleet worker holds.
-const SHARED_CHAIN: u64 = u64::MAX;
-
-fn chain(owner: u64) -> impl Iterator<Item = u64> + Clone {
-    (0..CHAIN).map(move |i| mixed(owner, i))
-}
-
-fn removed(keys: impl Iterator<Item = u64>) -> KvEvent {
-    KvEvent::BlockRemoved(kvbm_events::BlockRemoved::new(
-        keys.map(BlockHash::Int).collect(),
-    ))
 }
 
 /// 1,024 workers, each with the shared chain and one of its own.

@@ -21,15 +21,11 @@
 
 use std::process::ExitCode;
 
-use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
+use kvbm_benches::fleet::{SHARED_CHAIN, chain, removed, stored};
 use kvbm_router::Router;
 
 /// Workers of the fleet.
 const FLEET: u64 = 1_024;
-/// Blocks per chain and per event.
-const CHAIN: u64 = 64;
-/// The chain every worker holds.
-const SHARED_CHAIN: u64 = u64::MAX;
 /// The worker the events come from.
 const WORKER: u64 = 5;
 
@@ -78,32 +74,4 @@ fn fleet_router() -> Router {
         let _ = router.apply(worker, &stored(chain(SHARED_CHAIN).chain(chain(worker))));
     }
     router
-}
-
-/// A well-mixed key for `(owner, i)` (SplitMix64's finalizer), as the
-/// bench's: real block hashes are uniform.
-fn mixed(owner: u64, i: u64) -> u64 {
-    let mut z = owner
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn chain(owner: u64) -> impl Iterator<Item = u64> {
-    (0..CHAIN).map(move |i| mixed(owner, i))
-}
-
-fn stored(keys: impl Iterator<Item = u64>) -> KvEvent {
-    KvEvent::BlockStored(BlockStored::new(
-        keys.map(BlockHash::Int).collect(),
-        None,
-        Vec::new(),
-        16,
-    ))
-}
-
-fn removed(keys: impl Iterator<Item = u64>) -> KvEvent {
-    KvEvent::BlockRemoved(BlockRemoved::new(keys.map(BlockHash::Int).collect()))
 }

@@ -50,6 +50,51 @@ pub fn chain_values(rng: &mut Xorshift, len: usize) -> Vec<u64> {
     (0..len).map(|_| rng.next_u64()).collect()
 }
 
+/// The router's fleet rows (`--bench router`, `--example
+/// router_instructions`): keys as well mixed as real block hashes, and the
+/// events that carry them.
+pub mod fleet {
+    use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
+
+    /// Blocks per chain and per event.
+    pub const CHAIN: u64 = 64;
+
+    /// The owner of the chain every fleet worker holds.
+    pub const SHARED_CHAIN: u64 = u64::MAX;
+
+    /// A well-mixed key for `(owner, i)` (SplitMix64's finalizer): real
+    /// block hashes are uniform, so the index sees the spread it sees in
+    /// service. Owner [`SHARED_CHAIN`] is the chain every worker shares.
+    pub fn mixed(owner: u64, i: u64) -> u64 {
+        let mut z = owner
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The [`CHAIN`] keys of `owner`'s chain.
+    pub fn chain(owner: u64) -> impl Iterator<Item = u64> + Clone {
+        (0..CHAIN).map(move |i| mixed(owner, i))
+    }
+
+    /// A store of `keys`, blocks of 16 tokens, no token ids.
+    pub fn stored(keys: impl Iterator<Item = u64>) -> KvEvent {
+        KvEvent::BlockStored(BlockStored::new(
+            keys.map(BlockHash::Int).collect(),
+            None,
+            Vec::new(),
+            16,
+        ))
+    }
+
+    /// A removal of `keys`.
+    pub fn removed(keys: impl Iterator<Item = u64>) -> KvEvent {
+        KvEvent::BlockRemoved(BlockRemoved::new(keys.map(BlockHash::Int).collect()))
+    }
+}
+
 /// Building our side of a comparison.
 pub mod ours {
     use kvbm_blocks::{BlockManager, ImmutableBlocks, SequenceHash};
