@@ -502,8 +502,9 @@ fn restore(held: &mut Held, blocks: Vec<kvbm_blocks::CompleteBlock<Device>>) {
     }
 }
 
-/// The values of `tokens`' full-block hashes, chained as [`Sequence`](crate::sequence::Sequence)
-/// chains them; exposed as `kvbm.block_hashes`.
+/// The values of `tokens`' full-block hashes, chained as
+/// [`Sequence`](crate::sequence::Sequence) chains them; exposed as
+/// `kvbm.block_hashes`.
 pub(crate) fn hash_values(tokens: &[u32], block_size: usize) -> Result<Vec<u128>, Error> {
     if block_size == 0 {
         return Err(Error::invalid("block size must be at least 1 token"));

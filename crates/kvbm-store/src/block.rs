@@ -147,7 +147,8 @@ impl<'a> BlockRef<'a> {
 
     /// What a store answers a put of this block when it holds `stored`
     /// under its key already: nothing to do for the same bytes,
-    /// [`StoreError::Collision`](crate::StoreError::Collision) (the stored block kept) for others.
+    /// [`StoreError::Collision`](crate::StoreError::Collision) (the stored
+    /// block kept) for others.
     pub(crate) fn against_stored(&self, stored: Checksum) -> Result<(), crate::StoreError> {
         if stored == self.checksum {
             Ok(())

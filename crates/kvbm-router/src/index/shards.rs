@@ -148,8 +148,8 @@ impl Maps {
     /// Removes `slot` from the holders of `key` on `medium`, and the key
     /// if no one else holds it there; whether it was there. Always inlined:
     /// left to the compiler it became a call per key in the removal's
-    /// round (about 9 instructions a block more) when the update's choice
-    /// between rounds and one lock per key changed shape.
+    /// round (about 12 instructions more per block removed) when the
+    /// update's choice between rounds and one lock per key changed shape.
     #[inline(always)]
     fn remove(&mut self, medium: Slot, (key, hash): (u128, KeyHash), slot: WorkerSlot) -> bool {
         let Some(map) = self.get_mut(medium) else {
