@@ -304,19 +304,24 @@ impl Shards {
         // deciding on it sent every removal of the in-process wire, which
         // filters by KV cache group, through a lock per key.)
         if keys.size_hint().1.is_some_and(|most| most < GROUPED) {
-            return self.one_by_one(keys, &mut op);
+            return self.one_by_one(keys.map(|key| self.hashed(key)), &mut op);
         }
-        let mut round = [0u128; ROUND];
+        // Each key with its hash, worked out as the round fills, and a bit
+        // per key in its lock's mask.
+        let mut round = [(0u128, KeyHash(0)); ROUND];
         loop {
             let mut n = 0;
+            let mut masks = [0u64; LOCKS];
             for (at, key) in round.iter_mut().zip(&mut keys) {
-                *at = key;
+                let hashed = self.hashed(key);
+                masks[hashed.1.map() >> MAP_BITS] |= 1 << n;
+                *at = hashed;
                 n += 1;
             }
             done += if n < GROUPED {
                 self.one_by_one(round[..n].iter().copied(), &mut op)
             } else {
-                self.round(&round[..n], &mut op)
+                self.round(&round[..n], &masks, &mut op)
             };
             if n < ROUND {
                 return done;
@@ -324,15 +329,15 @@ impl Shards {
         }
     }
 
-    /// [`each`](Self::each) for a few keys: a lock each.
+    /// [`each`](Self::each) for a few keys, each with its hash: a lock
+    /// each.
     #[inline]
     fn one_by_one(
         &self,
-        keys: impl Iterator<Item = u128>,
+        keys: impl Iterator<Item = (u128, KeyHash)>,
         op: &mut impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
         keys.filter(|&key| {
-            let key = self.hashed(key);
             let map = key.1.map();
             #[cfg(test)]
             tests::count_write_lock();
@@ -341,26 +346,19 @@ impl Shards {
         .count()
     }
 
-    /// One round of [`each`](Self::each), at most [`ROUND`] `keys`: a
-    /// bit per key in its lock's mask, then each lock's keys, in their
-    /// order, under one write lock. (A mask per lock costs a few
-    /// instructions a key, where sorting the keys by lock cost enough to
-    /// lose what the locks saved on keys many workers hold.)
+    /// One round of [`each`](Self::each), at most [`ROUND`] `keys` with
+    /// their hashes and, per lock, a bit per key it covers: each lock's
+    /// keys, in their order, under one write lock. (A mask per lock costs
+    /// a few instructions a key, where sorting the keys by lock cost
+    /// enough to lose what the locks saved on keys many workers hold.)
     fn round(
         &self,
-        keys: &[u128],
+        keys: &[(u128, KeyHash)],
+        masks: &[u64; LOCKS],
         op: &mut impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
-        let keys = &keys[..keys.len().min(ROUND)];
-        // Each key's hash (its top bits are its map, 0..256, and lock).
-        let mut hashes = [KeyHash(0); ROUND];
-        let mut masks = [0u64; LOCKS];
-        for (at, (hash, &key)) in hashes.iter_mut().zip(keys).enumerate() {
-            *hash = KeyHash::of(&self.hasher, key);
-            masks[hash.map() >> MAP_BITS] |= 1 << at;
-        }
         let mut done = 0usize;
-        for (shard, &mask) in self.shards.iter().zip(&masks) {
+        for (shard, &mask) in self.shards.iter().zip(masks) {
             if mask == 0 {
                 continue;
             }
@@ -371,9 +369,11 @@ impl Shards {
             while mask != 0 {
                 let at = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
-                let hash = hashes[at];
-                let maps = &mut stripe.0[hash.map() & (MAPS - 1)];
-                done += usize::from(op(maps, (keys[at], hash)));
+                let Some(&key) = keys.get(at) else {
+                    break;
+                };
+                let maps = &mut stripe.0[key.1.map() & (MAPS - 1)];
+                done += usize::from(op(maps, key));
             }
         }
         done
