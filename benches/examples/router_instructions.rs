@@ -39,7 +39,10 @@ fn main() -> ExitCode {
     let Some(iterations) = args.get(1).and_then(|n| n.parse::<usize>().ok()) else {
         return usage();
     };
-    let router = fleet_router();
+    let Some(router) = fleet_router() else {
+        eprintln!("router_instructions: the fleet could not be built");
+        return ExitCode::FAILURE;
+    };
     let owner = if shared { SHARED_CHAIN } else { 1 << 40 };
     let (store, remove) = (stored(chain(owner)), removed(chain(owner)));
     let (first, second) = if shared {
@@ -65,13 +68,14 @@ fn usage() -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// 1,024 workers, each with the shared chain and one of its own.
-fn fleet_router() -> Router {
+/// 1,024 workers, each with the shared chain and one of its own (`None`
+/// if the router refused one: the counts would measure something else).
+fn fleet_router() -> Option<Router> {
     let router = Router::new();
     for worker in 0..FLEET {
-        // New workers with distinct ids: neither call can be refused.
-        let _ = router.add_worker(worker);
-        let _ = router.apply(worker, &stored(chain(SHARED_CHAIN).chain(chain(worker))));
+        router.add_worker(worker).ok()?;
+        let own = stored(chain(SHARED_CHAIN).chain(chain(worker)));
+        router.apply(worker, &own).ok()?;
     }
-    router
+    Some(router)
 }
