@@ -35,7 +35,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kvbm_benches::fleet::{CHAIN, SHARED_CHAIN, chain, removed, stored};
+use kvbm_benches::fleet::{self, CHAIN, SHARED_CHAIN, chain, removed, stored};
 use kvbm_benches::is_smoke_test;
 use kvbm_events::KvEvent;
 use kvbm_router::{KvAware, RouteRequest, Router, WorkerLoad};
@@ -43,8 +43,6 @@ use kvbm_router::{KvAware, RouteRequest, Router, WorkerLoad};
 const WORKERS: u64 = 16;
 /// Workers of the large-fleet lookup.
 const FLEET: u64 = 256;
-/// Workers of the fleet-size rows.
-const FLEET_1024: u64 = 1_024;
 const BLOCKS: u64 = 256;
 const SHARED: u64 = 64;
 
@@ -70,27 +68,17 @@ fn filled_router(workers: u64, chains: u64) -> Router {
     router
 }
 
-/// 1,024 workers, each with the shared chain and one of its own.
-fn fleet_router() -> Router {
-    let router = Router::new();
-    for worker in 0..FLEET_1024 {
-        router.add_worker(worker).expect("new worker");
-        let own = stored(chain(SHARED_CHAIN).chain(chain(worker)));
-        router.apply(worker, &own).expect("known worker");
-    }
-    router
-}
-
 /// The fleet-size rows: lookups among 1,024 workers, and an event's cost
 /// per block on one of them.
 fn bench_fleet(c: &mut Criterion) {
-    let router = fleet_router();
+    // 1,024 workers, each with the shared chain and one of its own.
+    let router = fleet::router().expect("a new router takes the fleet");
     let mut group = c.benchmark_group("router");
     group.throughput(Throughput::Elements(CHAIN));
     let all: Vec<u128> = chain(SHARED_CHAIN).map(u128::from).collect();
     let one: Vec<u128> = chain(517).map(u128::from).collect();
     for (name, keys, holders) in [
-        ("fleet-1024-all", &all, FLEET_1024 as usize),
+        ("fleet-1024-all", &all, fleet::WORKERS as usize),
         ("fleet-1024-one", &one, 1),
     ] {
         let found = router.index().overlaps(keys);
@@ -107,7 +95,7 @@ fn bench_fleet(c: &mut Criterion) {
         });
     }
     // The same routes once every worker has reported a load of its own.
-    for worker in 0..FLEET_1024 {
+    for worker in 0..fleet::WORKERS {
         let load = WorkerLoad::new(1 + (worker * 7_919) % 1_024, (worker * 104_729) % 4_096, 1);
         router.set_load(worker, load).expect("known worker");
     }

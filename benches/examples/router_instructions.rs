@@ -21,11 +21,8 @@
 
 use std::process::ExitCode;
 
-use kvbm_benches::fleet::{SHARED_CHAIN, chain, removed, stored};
-use kvbm_router::Router;
+use kvbm_benches::fleet::{self, SHARED_CHAIN, chain, removed, stored};
 
-/// Workers of the fleet.
-const FLEET: u64 = 1_024;
 /// The worker the events come from.
 const WORKER: u64 = 5;
 
@@ -39,9 +36,12 @@ fn main() -> ExitCode {
     let Some(iterations) = args.get(1).and_then(|n| n.parse::<usize>().ok()) else {
         return usage();
     };
-    let Some(router) = fleet_router() else {
-        eprintln!("router_instructions: the fleet could not be built");
-        return ExitCode::FAILURE;
+    let router = match fleet::router() {
+        Ok(router) => router,
+        Err(error) => {
+            eprintln!("router_instructions: the fleet could not be built: {error}");
+            return ExitCode::FAILURE;
+        }
     };
     let owner = if shared { SHARED_CHAIN } else { 1 << 40 };
     let (store, remove) = (stored(chain(owner)), removed(chain(owner)));
@@ -66,16 +66,4 @@ fn main() -> ExitCode {
 fn usage() -> ExitCode {
     eprintln!("usage: router_instructions store-remove|remove-store-shared ITERATIONS");
     ExitCode::FAILURE
-}
-
-/// 1,024 workers, each with the shared chain and one of its own (`None`
-/// if the router refused one: the counts would measure something else).
-fn fleet_router() -> Option<Router> {
-    let router = Router::new();
-    for worker in 0..FLEET {
-        router.add_worker(worker).ok()?;
-        let own = stored(chain(SHARED_CHAIN).chain(chain(worker)));
-        router.apply(worker, &own).ok()?;
-    }
-    Some(router)
 }

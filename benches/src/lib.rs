@@ -55,6 +55,10 @@ pub fn chain_values(rng: &mut Xorshift, len: usize) -> Vec<u64> {
 /// events that carry them.
 pub mod fleet {
     use kvbm_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
+    use kvbm_router::{Router, RouterError};
+
+    /// Workers of the fleet rows.
+    pub const WORKERS: u64 = 1_024;
 
     /// Blocks per chain and per event.
     pub const CHAIN: u64 = 64;
@@ -92,6 +96,23 @@ pub mod fleet {
     /// A removal of `keys`.
     pub fn removed(keys: impl Iterator<Item = u64>) -> KvEvent {
         KvEvent::BlockRemoved(BlockRemoved::new(keys.map(BlockHash::Int).collect()))
+    }
+
+    /// A router of [`WORKERS`] workers, each holding the shared chain and
+    /// one of its own.
+    ///
+    /// # Errors
+    ///
+    /// The router's refusal of a worker or of its store (none of a new
+    /// router's, so a refusal means the fleet rows would measure
+    /// something else).
+    pub fn router() -> Result<Router, RouterError> {
+        let router = Router::new();
+        for worker in 0..WORKERS {
+            router.add_worker(worker)?;
+            router.apply(worker, &stored(chain(SHARED_CHAIN).chain(chain(worker))))?;
+        }
+        Ok(router)
     }
 }
 
