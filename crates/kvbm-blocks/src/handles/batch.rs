@@ -298,8 +298,17 @@ impl<M> Clone for ImmutableBlocks<M> {
 }
 
 impl<M> Drop for ImmutableBlocks<M> {
+    /// Releases every block, last first, and gives the emptied buffer back
+    /// to the pool under the same lock, for a later match to fill.
     fn drop(&mut self) {
-        self.clear();
+        if let Some(shared) = &self.shared
+            && !self.blocks.is_empty()
+        {
+            let mut pool = shared.lock();
+            pool.release_rev(&self.blocks);
+            self.blocks.clear();
+            shared.recycle(&mut pool, &mut self.blocks);
+        }
     }
 }
 

@@ -35,6 +35,11 @@ pub(crate) struct Shared {
     /// Whether the state has an event log: read without the lock, so a
     /// flush on a pool nobody subscribes to costs one load.
     subscribed: AtomicBool,
+    /// Whether the state keeps a spare batch buffer: written under the
+    /// lock, read without it, so that a match with none to take allocates
+    /// its buffer before locking. A stale answer costs one allocation under
+    /// the lock, or one buffer allocated and not used; never a result.
+    has_spare: AtomicBool,
 }
 
 impl Shared {
@@ -52,6 +57,7 @@ impl Shared {
             eviction,
             duplicates,
             subscribed: AtomicBool::new(false),
+            has_spare: AtomicBool::new(false),
         })
     }
 
@@ -72,6 +78,42 @@ impl Shared {
         self.subscribed.store(true, Ordering::Relaxed);
         pool.flush_events();
         subscription
+    }
+
+    /// Whether this pool's state probably keeps a spare batch buffer (read
+    /// without the lock: another thread may take or give one back before
+    /// [`take_spare`](Self::take_spare)).
+    #[inline]
+    pub(crate) fn may_have_spare(&self) -> bool {
+        self.has_spare.load(Ordering::Relaxed)
+    }
+
+    /// A dropped batch's emptied buffer, if `pool` (this pool's state,
+    /// locked) keeps one: a match filling it allocates nothing, and its
+    /// batch's drop frees nothing.
+    #[inline]
+    pub(crate) fn take_spare(&self, pool: &mut PoolState) -> Option<Vec<BlockInfo>> {
+        let spare = pool.spares.pop();
+        if pool.spares.is_empty() {
+            self.has_spare.store(false, Ordering::Relaxed);
+        }
+        spare
+    }
+
+    /// Keeps `buffer` (emptied) in `pool` (this pool's state, locked) for
+    /// [`take_spare`](Self::take_spare) if it holds at most
+    /// [`SPARE_CAPACITY`] blocks and fewer than [`SPARES`] are kept, and
+    /// leaves `buffer` without capacity then; otherwise leaves it as it is,
+    /// to be freed.
+    #[inline]
+    pub(crate) fn recycle(&self, pool: &mut PoolState, buffer: &mut Vec<BlockInfo>) {
+        debug_assert!(buffer.is_empty());
+        // `spares` was reserved for SPARES up front: this push never
+        // allocates under the lock.
+        if buffer.capacity() <= SPARE_CAPACITY && pool.spares.len() < SPARES {
+            pool.spares.push(std::mem::take(buffer));
+            self.has_spare.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Sends the pending events to the subscribers, if there are any.
@@ -418,7 +460,18 @@ pub(crate) struct PoolState {
     scratch: Vec<BlockId>,
     /// [`evict_into`](Self::evict_into)'s victims' hashes.
     evicted: Vec<SequenceHash>,
+    /// Emptied buffers of dropped batches, for the next matches to fill
+    /// ([`Shared::take_spare`], [`Shared::recycle`]).
+    spares: Vec<Vec<BlockInfo>>,
 }
+
+/// How many emptied batch buffers a pool keeps for its matches.
+const SPARES: usize = 4;
+
+/// The largest batch buffer (in blocks; 16 KiB) a pool keeps: a prefix's or
+/// a short request's table. A longer table's allocation is a small part of
+/// its cost, and keeping its buffer would hold memory no match may need.
+const SPARE_CAPACITY: usize = 512;
 
 impl PoolState {
     fn new(
@@ -445,6 +498,7 @@ impl PoolState {
             events: None,
             scratch: Vec::new(),
             evicted: Vec::new(),
+            spares: Vec::with_capacity(SPARES),
         })
     }
 

@@ -595,3 +595,40 @@ fn retagged_chains_are_chains_of_retagged_values() {
     assert_eq!(tagged[0].parent(), None);
     assert_eq!(SequenceHash::root(3).retagged(0), SequenceHash::root(3));
 }
+
+#[test]
+fn a_match_fills_a_dropped_batchs_buffer_with_the_room_asked_for() {
+    let manager = manager(16);
+    let hashes = chain(1, 8);
+    let held = register(&manager, &hashes);
+    for capacity in [0, 2, 12, 16, 40] {
+        // The previous match's buffer comes back, whatever its size.
+        let matched = manager.match_blocks_with_capacity(&hashes, capacity);
+        assert_eq!(ids(&matched), ids(&held));
+        assert!(matched.capacity() >= capacity.clamp(8, 16));
+    }
+    drop(held);
+    assert_eq!(audit(&manager).inactive_blocks, 8);
+}
+
+#[test]
+fn a_pool_keeps_a_few_small_buffers_only() {
+    let manager = manager(1024);
+    let hashes = chain(1, 4);
+    let _held = register(&manager, &hashes);
+    // A large table's buffer is freed, not kept for the next match.
+    drop(manager.match_blocks_with_capacity(&hashes, 600));
+    assert!(manager.match_blocks(&hashes).capacity() < 600);
+    // Of five small ones dropped, four are kept: the fifth match allocates.
+    let batches: Vec<_> = (0..5)
+        .map(|_| manager.match_blocks_with_capacity(&hashes, 100))
+        .collect();
+    drop(batches);
+    let matched: Vec<_> = (0..5).map(|_| manager.match_blocks(&hashes)).collect();
+    let kept = matched
+        .iter()
+        .filter(|batch| batch.capacity() >= 100)
+        .count();
+    assert_eq!(kept, 4);
+    assert!(matched.iter().all(|batch| ids(batch) == [0, 1, 2, 3]));
+}
