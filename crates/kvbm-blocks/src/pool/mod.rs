@@ -252,6 +252,17 @@ fn match_into(
     out: &mut Vec<BlockInfo>,
 ) {
     out.reserve(hashes.len());
+    // LRU, the default, in a loop of its own: its ring's removal inlines,
+    // and no block asks which policy it is, or whether it counts hits.
+    if let InactivePool::Lru(ring) = inactive {
+        for hash in hashes {
+            let Some(id) = registered_in(registry, slots, hash.value()) else {
+                break;
+            };
+            out.push(acquire_with(slots, id, |id| ring.remove(id)));
+        }
+        return;
+    }
     let tracks_hits = inactive.tracks_hits();
     for hash in hashes {
         let Some(id) = registered_in(registry, slots, hash.value()) else {
@@ -275,9 +286,20 @@ fn registered_in(registry: &Registry, slots: &[Slot], value: u128) -> Option<Blo
 /// cache.
 #[inline]
 fn acquire_in(slots: &mut [Slot], inactive: &mut InactivePool, id: BlockId) -> BlockInfo {
+    acquire_with(slots, id, |id| inactive.remove(id))
+}
+
+/// [`acquire_in`] with the inactive pool's removal of a cached block
+/// given as `uncache`.
+#[inline]
+fn acquire_with<R>(
+    slots: &mut [Slot],
+    id: BlockId,
+    uncache: impl FnOnce(BlockId) -> R,
+) -> BlockInfo {
     let slot = &mut slots[id.index()];
     if slot.refs == 0 {
-        inactive.remove(id);
+        uncache(id);
     }
     slot.refs = slot.refs.saturating_add(1);
     // Built from the slot's fields: the parent is not needed.
