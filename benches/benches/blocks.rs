@@ -6,8 +6,11 @@
 //! blocks/s; divide to get ns per block.
 
 use std::hint::black_box;
+use std::sync::{Arc, Mutex};
 
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{
+    BatchSize, Bencher, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use kvbm_benches::{Xorshift, chain_values, is_smoke_test, resident_bytes};
 
 /// Tokens per block on both sides (the peer's test helpers use 4 too).
@@ -74,8 +77,26 @@ fn match_chain(c: &mut Criterion, group_name: &str, held: bool) {
         group.bench_with_input(BenchmarkId::new("kvbm-logical", n), &n, |b, _| {
             b.iter(|| manager.match_blocks(black_box(&hashes)))
         });
+        if held && n == CHAIN_LENGTHS[0] {
+            group.bench_with_input(BenchmarkId::new("handle-floor", n), &n, handle_floor);
+        }
     }
     group.finish();
+}
+
+/// What a match that returns an owning batch over a mutex-guarded pool
+/// pays per call before it touches a block, and what ours pays: the batch's
+/// `Arc` clone and drop, and two uncontended lock pairs (the match's and
+/// the drop's). A held match's time cannot fall below it, so the held rows'
+/// ratio to kvbm-logical is bounded by the peer's time over this one.
+fn handle_floor(b: &mut Bencher<'_>, _: &usize) {
+    let pool = Arc::new(Mutex::new(0u64));
+    b.iter(|| {
+        let batch = Arc::clone(black_box(&pool));
+        *batch.lock().expect("never poisoned") += 1;
+        *batch.lock().expect("never poisoned") -= 1;
+        batch
+    })
 }
 
 fn match_held(c: &mut Criterion) {
