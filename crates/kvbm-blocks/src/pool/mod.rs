@@ -61,6 +61,7 @@ impl Shared {
         })
     }
 
+    #[inline]
     pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
         lock(&self.state)
     }
