@@ -869,6 +869,7 @@ impl PoolState {
 
     /// Appends the longest registered prefix of `hashes` to `out`, taking a
     /// reference to each block.
+    #[inline]
     pub(crate) fn match_prefix(&mut self, hashes: &[SequenceHash], out: &mut Vec<BlockInfo>) {
         let before = out.len();
         match_into(
