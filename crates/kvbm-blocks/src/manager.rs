@@ -784,16 +784,15 @@ impl<M> BlockManager<M> {
         // blocks spent an eighth of its instructions allocating its buffer
         // and freeing it at the drop. With none kept, the buffer is
         // allocated before the lock, not under it.
-        let spare = self.shared.may_have_spare();
-        let mut infos = if spare {
-            Vec::new()
+        let mut pool;
+        let mut infos = if self.shared.may_have_spare() {
+            pool = self.shared.lock();
+            self.shared.take_spare(&mut pool).unwrap_or_default()
         } else {
-            Vec::with_capacity(room)
+            let buffer = Vec::with_capacity(room);
+            pool = self.shared.lock();
+            buffer
         };
-        let mut pool = self.shared.lock();
-        if spare && let Some(buffer) = self.shared.take_spare(&mut pool) {
-            infos = buffer;
-        }
         infos.reserve(room);
         pool.match_prefix(hashes, &mut infos);
         drop(pool);
