@@ -252,7 +252,6 @@ fn match_into(
     hashes: &[SequenceHash],
     out: &mut Vec<BlockInfo>,
 ) {
-    out.reserve(hashes.len());
     // LRU, the default, in a loop of its own: its ring's removal inlines,
     // and no block asks which policy it is, or whether it counts hits.
     if let InactivePool::Lru(ring) = inactive {
@@ -868,7 +867,9 @@ impl PoolState {
     }
 
     /// Appends the longest registered prefix of `hashes` to `out`, taking a
-    /// reference to each block.
+    /// reference to each block. The caller reserves room for `hashes` in
+    /// `out` (its one caller does, for a capacity of its own), which
+    /// otherwise grows as it fills.
     #[inline]
     pub(crate) fn match_prefix(&mut self, hashes: &[SequenceHash], out: &mut Vec<BlockInfo>) {
         let before = out.len();
