@@ -16,7 +16,13 @@ use self::multi_level::MultiLevel;
 pub(crate) use self::ring::LruRing;
 
 /// Cached blocks, ordered for eviction by the configured policy.
+///
+/// With an explicit tag (`repr(u8)`), asking which policy it is loads and
+/// compares one byte. Without one the tag sat in a niche of a variant's
+/// field, and every match, release and registration decoded it (about
+/// ten instructions); the tag costs one word per pool.
 #[derive(Debug)]
+#[repr(u8)]
 pub(crate) enum InactivePool {
     Lru(LruRing),
     MultiLevel(MultiLevel),
