@@ -977,14 +977,17 @@ impl PoolState {
         for info in blocks.iter().rev() {
             let id = info.block_id();
             let slot = &mut slots[id.index()];
-            debug_assert!(slot.refs > 0, "{id} released without a reference");
-            if slot.refs == u32::MAX || slot.refs == 0 {
-                continue;
-            }
-            slot.refs -= 1;
-            if slot.refs == 0 {
+            let refs = slot.refs;
+            debug_assert!(refs > 0, "{id} released without a reference");
+            // Another handle keeps the block (2 <= refs < MAX, one
+            // compare): the common case of a shared prefix.
+            if refs.wrapping_sub(2) < u32::MAX - 2 {
+                slot.refs = refs - 1;
+            } else if refs == 1 {
+                slot.refs = 0;
                 release_last(slots, &mut self.inactive, &mut self.free, id);
             }
+            // Else sticky at MAX, or 0 (a bug the assertion catches).
         }
     }
 
