@@ -300,6 +300,10 @@ impl<M> Clone for ImmutableBlocks<M> {
 impl<M> Drop for ImmutableBlocks<M> {
     /// Releases every block, last first, and gives the emptied buffer back
     /// to the pool under the same lock, for a later match to fill.
+    ///
+    /// Always inlined into the drop glue, which was a call of its own to
+    /// this (with its own prologue and epilogue) before dropping the fields.
+    #[inline(always)]
     fn drop(&mut self) {
         if let Some(shared) = &self.shared
             && !self.blocks.is_empty()
