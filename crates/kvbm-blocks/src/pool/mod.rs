@@ -279,7 +279,7 @@ fn match_into(
 /// `slots`).
 #[inline]
 fn registered_in(registry: &Registry, slots: &[Slot], value: u128) -> Option<BlockId> {
-    registry.get(value, |id| slots[id.index()].value())
+    registry.get(value, |id| slots[id.index()].value)
 }
 
 /// Takes a reference to the registered block `id`, reviving it from the
@@ -437,7 +437,7 @@ fn cache_into(
         let value = hashes[index].value();
         // One bucket hash for the probe and the insert.
         let bucket = registry.hash(value);
-        if (registry.get_hashed(bucket, value, |id| slots[id.index()].value())).is_some() {
+        if (registry.get_hashed(bucket, value, |id| slots[id.index()].value)).is_some() {
             continue;
         }
         if ids.len() == room {
@@ -468,7 +468,7 @@ fn cache_into(
             .map(|p| (p, slots[p.index()].epoch())),
             false => None,
         };
-        registry.insert_new(bucket, id, |other| slots[other.index()].value());
+        registry.insert_new(bucket, id, |other| slots[other.index()].value);
         let slot = &mut slots[id.index()];
         *slot = Slot::new(hash, 0, slot.epoch(), SlotState::Registered);
         inactive.on_register(id, hash, parent);
@@ -736,7 +736,7 @@ impl PoolState {
         };
         let slots = &self.slots;
         let registered =
-            (self.registry).insert_or_get(hash.value(), id, |other| slots[other.index()].value());
+            (self.registry).insert_or_get(hash.value(), id, |other| slots[other.index()].value);
         if let Some(existing) = registered {
             self.inactive.on_hit(hash);
             match self.duplicates {

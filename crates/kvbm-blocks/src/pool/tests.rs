@@ -84,7 +84,7 @@ fn a_stray_registry_entry_is_caught() {
     let slots = &pool.slots;
     let stray = pool
         .registry
-        .insert_or_get(99, BlockId::new(3), |id| slots[id.index()].value());
+        .insert_or_get(99, BlockId::new(3), |id| slots[id.index()].value);
     assert_eq!(stray, None, "99 was not registered");
     assert!(violation(&pool).contains("registry holds 3 hashes for 2"));
 }
