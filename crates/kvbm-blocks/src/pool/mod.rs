@@ -253,7 +253,10 @@ fn match_into(
     out: &mut Vec<BlockInfo>,
 ) {
     // LRU, the default, in a loop of its own: its ring's removal inlines,
-    // and no block asks which policy it is, or whether it counts hits.
+    // and no block asks which policy it is, or whether it counts hits. The
+    // other policies' loop is a function of its own: in this one, its
+    // calls (a list's unlink, a hit's count) made the compiler set aside
+    // registers that the LRU loop then reloaded from the stack.
     if let InactivePool::Lru(ring) = inactive {
         for hash in hashes {
             let Some(id) = registered_in(registry, slots, hash.value()) else {
@@ -263,6 +266,18 @@ fn match_into(
         }
         return;
     }
+    match_other(registry, slots, inactive, hashes, out);
+}
+
+/// [`match_into`] under the policies other than LRU.
+#[inline(never)]
+fn match_other(
+    registry: &Registry,
+    slots: &mut [Slot],
+    inactive: &mut InactivePool,
+    hashes: &[SequenceHash],
+    out: &mut Vec<BlockInfo>,
+) {
     let tracks_hits = inactive.tracks_hits();
     for hash in hashes {
         let Some(id) = registered_in(registry, slots, hash.value()) else {
