@@ -348,6 +348,23 @@ fn touch_lru(
     found
 }
 
+/// [`PoolState::release`] over the fields it changes, passed apart.
+#[inline(always)]
+fn release_in(slots: &mut [Slot], inactive: &mut InactivePool, free: &mut FreeList, id: BlockId) {
+    let slot = &mut slots[id.index()];
+    let refs = slot.refs;
+    debug_assert!(refs > 0, "{id} released without a reference");
+    // Another handle keeps the block (2 <= refs < MAX, one compare): the
+    // common case of a shared prefix.
+    if refs.wrapping_sub(2) < u32::MAX - 2 {
+        slot.refs = refs - 1;
+    } else if refs == 1 {
+        slot.refs = 0;
+        release_last(slots, inactive, free, id);
+    }
+    // Else sticky at MAX, or 0 (a bug the assertion catches).
+}
+
 /// The last reference to `id` is gone: caches or frees it. Out of line,
 /// so the common case (another handle remains) inlines into batch drops.
 #[inline(never)]
@@ -969,16 +986,7 @@ impl PoolState {
     /// Drops one reference; the last one caches (or frees) the block.
     #[inline]
     pub(crate) fn release(&mut self, id: BlockId) {
-        let slot = &mut self.slots[id.index()];
-        debug_assert!(slot.refs > 0, "{id} released without a reference");
-        if slot.refs == u32::MAX || slot.refs == 0 {
-            return;
-        }
-        slot.refs -= 1;
-        if slot.refs > 0 {
-            return;
-        }
-        self.release_last(id);
+        release_in(&mut self.slots, &mut self.inactive, &mut self.free, id);
     }
 
     /// [`release`](Self::release) of each of `blocks`, last first.
@@ -988,27 +996,10 @@ impl PoolState {
         // last release leaves the slots' table where it is, and keeps its
         // address and length in registers instead of reloading them from
         // the pool for every block.
-        let slots = &mut self.slots[..];
+        let (slots, inactive, free) = (&mut self.slots[..], &mut self.inactive, &mut self.free);
         for info in blocks.iter().rev() {
-            let id = info.block_id();
-            let slot = &mut slots[id.index()];
-            let refs = slot.refs;
-            debug_assert!(refs > 0, "{id} released without a reference");
-            // Another handle keeps the block (2 <= refs < MAX, one
-            // compare): the common case of a shared prefix.
-            if refs.wrapping_sub(2) < u32::MAX - 2 {
-                slot.refs = refs - 1;
-            } else if refs == 1 {
-                slot.refs = 0;
-                release_last(slots, &mut self.inactive, &mut self.free, id);
-            }
-            // Else sticky at MAX, or 0 (a bug the assertion catches).
+            release_in(slots, inactive, free, info.block_id());
         }
-    }
-
-    /// The last reference to `id` is gone: caches or frees it.
-    fn release_last(&mut self, id: BlockId) {
-        release_last(&mut self.slots, &mut self.inactive, &mut self.free, id);
     }
 
     /// The whole hash of a block a handle pins (its slot holds it).
