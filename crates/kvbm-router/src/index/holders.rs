@@ -212,6 +212,13 @@ impl Holders {
         self.len() == 0
     }
 
+    /// Whether the set is `slot` alone, inline (where a set of one always
+    /// is: the other forms shrink to it well before).
+    #[inline]
+    pub(super) fn is_only(&self, slot: WorkerSlot) -> bool {
+        matches!(self, Holders::Inline { len: 1, slots: [only, ..] } if *only == slot)
+    }
+
     /// Whether `slot` is in the set.
     pub(super) fn contains(&self, slot: WorkerSlot) -> bool {
         self.view().contains(slot)

@@ -159,8 +159,16 @@ impl Maps {
         let Ok(mut entry) = map.find_entry(hash.in_map(), |(k, _)| *k == key) else {
             return false;
         };
-        let held = entry.get_mut().1.remove(slot);
-        if entry.get().1.is_empty() {
+        // Most keys have this slot as their one holder: the key goes at
+        // once, with no update of a set about to be dropped nor a second
+        // look at what is left of it.
+        if entry.get().1.is_only(slot) {
+            entry.remove();
+            return true;
+        }
+        let holders = &mut entry.get_mut().1;
+        let held = holders.remove(slot);
+        if holders.is_empty() {
             entry.remove();
         }
         held
@@ -267,7 +275,7 @@ impl Shards {
         live: &Bits,
     ) -> usize {
         let hasher = &self.hasher;
-        self.each(keys, |maps, key| {
+        self.each(keys, move |maps, key| {
             maps.insert(medium, key, slot, live, hasher)
         })
     }
@@ -280,7 +288,7 @@ impl Shards {
         keys: impl IntoIterator<Item = u128>,
         slot: WorkerSlot,
     ) -> usize {
-        self.each(keys, |maps, key| maps.remove(medium, key, slot))
+        self.each(keys, move |maps, key| maps.remove(medium, key, slot))
     }
 
     /// Applies `op` to each of `keys` under its lock's write lock; how
