@@ -341,7 +341,11 @@ impl Holders {
             }
             Holders::Bits(bits) => {
                 let held = bits.remove(slot);
-                if held {
+                // Only a set down to half a list's longest can take a
+                // smaller form (both of `shrink`'s tests for a bitset imply
+                // it): a test here, where a call to `shrink` to find that
+                // out cost as much as the removal itself.
+                if held && bits.len() <= LIST_MAX / 2 {
                     self.shrink();
                 }
                 held
