@@ -333,7 +333,7 @@ impl Shards {
             done += if n < GROUPED {
                 self.one_by_one(round[..n].iter().copied(), &mut op)
             } else {
-                self.round(&round[..n], &masks, &mut op)
+                self.round(&round, &masks, &mut op)
             };
             if n < ROUND {
                 return done;
@@ -358,14 +358,15 @@ impl Shards {
         .count()
     }
 
-    /// One round of [`each`](Self::each), at most [`ROUND`] `keys` with
-    /// their hashes and, per lock, a bit per key it covers: each lock's
+    /// One round of [`each`](Self::each), its `keys` with their hashes
+    /// (the whole buffer: a key no mask covers, past the round's end, is
+    /// never read) and, per lock, a bit per key it covers: each lock's
     /// keys, in their order, under one write lock. (A mask per lock costs
     /// a few instructions a key, where sorting the keys by lock cost
     /// enough to lose what the locks saved on keys many workers hold.)
     fn round(
         &self,
-        keys: &[(u128, KeyHash)],
+        keys: &[(u128, KeyHash); ROUND],
         masks: &[u64; LOCKS],
         op: &mut impl FnMut(&mut Maps, (u128, KeyHash)) -> bool,
     ) -> usize {
@@ -379,11 +380,13 @@ impl Shards {
             let mut stripe = write(&shard.0);
             let mut mask = mask;
             while mask != 0 {
-                let at = mask.trailing_zeros() as usize;
+                // Below `ROUND`, a bit of a `u64`: said so, the index needs
+                // no bounds check, and without that check's length the loop
+                // kept fewer values on the stack (about 4 instructions a
+                // block fewer).
+                let at = mask.trailing_zeros() as usize % ROUND;
                 mask &= mask - 1;
-                let Some(&key) = keys.get(at) else {
-                    break;
-                };
+                let key = keys[at];
                 let maps = &mut stripe.0[key.1.map() & (MAPS - 1)];
                 done += usize::from(op(maps, key));
             }
