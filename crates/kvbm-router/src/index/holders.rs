@@ -100,13 +100,25 @@ impl Bits {
     pub(super) fn insert(&mut self, slot: WorkerSlot) -> bool {
         let (word, bit) = split(slot);
         if self.words.len() <= word {
-            self.words.resize(word + 1, 0);
+            self.grow(word + 1);
         }
         let mask = 1u64 << bit;
-        let new = self.words[word] & mask == 0;
-        self.words[word] |= mask;
+        // There, grown above: a lookup that cannot fail, where an index
+        // brought its bounds check's panic into every caller's loop.
+        let Some(at) = self.words.get_mut(word) else {
+            return false;
+        };
+        let new = *at & mask == 0;
+        *at |= mask;
         self.count += usize::from(new);
         new
+    }
+
+    /// Widens the set to `words` words: rare, out of line.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, words: usize) {
+        self.words.resize(words, 0);
     }
 
     /// Clears bit `slot`; whether it was set.
@@ -232,7 +244,19 @@ impl Holders {
     /// Adds `slot`; whether it was new. Before the set grows out of its
     /// form it drops the slots `live` lacks (workers gone or cleared,
     /// whose bits the next sweep would drop), so they never make it grow.
+    #[inline]
     pub(super) fn insert(&mut self, slot: WorkerSlot, live: &Bits) -> bool {
+        match self {
+            // Inlined: a key many workers hold is stored again and again
+            // (by each worker that evicted it), and a call to set a bit
+            // cost as much as the bit.
+            Holders::Bits(bits) => bits.insert(slot),
+            _ => self.insert_small(slot, live),
+        }
+    }
+
+    /// [`insert`](Self::insert) into an inline set or a list.
+    fn insert_small(&mut self, slot: WorkerSlot, live: &Bits) -> bool {
         match self {
             Holders::Inline { len, slots } => {
                 // A linear scan: at most `INLINE` slots.
