@@ -34,6 +34,17 @@ pub(super) enum Holders {
     Bits(Box<Bits>),
 }
 
+/// What [`Holders::remove`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// The slot was not in the set.
+    Absent,
+    /// The slot went; others remain.
+    Removed,
+    /// The slot went, and the set is empty.
+    Emptied,
+}
+
 /// A bitset of worker slots with its count.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Bits {
@@ -327,53 +338,59 @@ impl Holders {
         }
     }
 
-    /// Removes `slot`; whether it was there. A set that shrank well below
-    /// its form's size takes a smaller one. Inlined into the index's
-    /// removal, which runs for every block an engine evicts.
-    #[inline]
-    pub(super) fn remove(&mut self, slot: WorkerSlot) -> bool {
+    /// Removes `slot`: whether it was there, and whether it was the last
+    /// (so that the index drops the emptied set without another look at
+    /// it). A set that shrank well below its form's size takes a smaller
+    /// one. Always inlined into the index's removal, which runs for every
+    /// block an engine evicts (left to the compiler, it became a call).
+    #[inline(always)]
+    pub(super) fn remove(&mut self, slot: WorkerSlot) -> Removal {
         match self {
-            // Most keys have one holder: it goes, no search or shift. Only
-            // the length is written (slots past it are never read): writing
-            // a whole new set went through the stack, and reading it back
-            // across two of its stores stalled the store forwarding, half
-            // of the removal's time.
-            Holders::Inline { len, slots } if *len == 1 => {
-                let held = slots[0] == slot;
-                if held {
-                    *len = 0;
-                }
-                held
-            }
             Holders::Inline { len, slots } => {
                 let Some(at) = slots[..usize::from(*len)].iter().position(|&s| s == slot) else {
-                    return false;
+                    return Removal::Absent;
                 };
                 for to in at..usize::from(*len) - 1 {
                     slots[to] = slots[to + 1];
                 }
                 *len -= 1;
-                true
+                if *len == 0 {
+                    Removal::Emptied
+                } else {
+                    Removal::Removed
+                }
             }
             Holders::List(list) => {
                 let Ok(at) = list.binary_search(&slot) else {
-                    return false;
+                    return Removal::Absent;
                 };
                 list.remove(at);
                 self.shrink();
-                true
+                self.removed()
             }
             Holders::Bits(bits) => {
-                let held = bits.remove(slot);
-                // Only a set down to half a list's longest can take a
-                // smaller form (both of `shrink`'s tests for a bitset imply
-                // it): a test here, where a call to `shrink` to find that
-                // out cost as much as the removal itself.
-                if held && bits.len() <= LIST_MAX / 2 {
-                    self.shrink();
+                if !bits.remove(slot) {
+                    return Removal::Absent;
                 }
-                held
+                // Only a set down to half a list's longest can take a
+                // smaller form, or be empty (both of `shrink`'s tests for a
+                // bitset imply it): a test here, where a call to `shrink`
+                // to find that out cost as much as the removal itself.
+                if bits.len() > LIST_MAX / 2 {
+                    return Removal::Removed;
+                }
+                self.shrink();
+                self.removed()
             }
+        }
+    }
+
+    /// What a removal that took a slot out of the set did.
+    fn removed(&self) -> Removal {
+        if self.is_empty() {
+            Removal::Emptied
+        } else {
+            Removal::Removed
         }
     }
 

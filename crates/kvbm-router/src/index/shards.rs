@@ -11,7 +11,7 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use super::holders::{Bits, Holders, WorkerSlot};
+use super::holders::{Bits, Holders, Removal, WorkerSlot};
 use crate::medium::Slot;
 use crate::sync::{RwLock, RwLockReadGuard, read, write};
 
@@ -169,12 +169,14 @@ impl Maps {
             entry.remove();
             return true;
         }
-        let holders = &mut entry.get_mut().1;
-        let held = holders.remove(slot);
-        if holders.is_empty() {
-            entry.remove();
+        match entry.get_mut().1.remove(slot) {
+            Removal::Absent => false,
+            Removal::Removed => true,
+            Removal::Emptied => {
+                entry.remove();
+                true
+            }
         }
-        held
     }
 
     /// Every medium's map.

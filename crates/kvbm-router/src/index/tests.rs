@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
-use super::holders::{Bits, Holders, View, WorkerSlot};
+use super::holders::{Bits, Holders, Removal, View, WorkerSlot};
 use super::shards::Shards;
 use super::walk::Survivors;
 use super::{PrefixIndex, Table};
@@ -55,13 +55,13 @@ fn holders_grow_through_every_form_and_shrink_back() {
     assert!(all.is_sorted());
     // Shrinking: bits hold on until a list of twice as many would fit.
     for slot in (0..1_024).step_by(16) {
-        assert!(holders.remove(slot));
-        assert!(!holders.remove(slot), "{slot} twice");
+        assert_eq!(holders.remove(slot), Removal::Removed);
+        assert_eq!(holders.remove(slot), Removal::Absent, "{slot} twice");
         assert!(!holders.contains(slot));
     }
     assert_eq!(holders.iter().collect::<Vec<_>>(), [1_000]);
     assert_eq!(form(&holders), "inline");
-    assert!(holders.remove(1_000));
+    assert_eq!(holders.remove(1_000), Removal::Emptied);
     assert!(holders.is_empty());
 }
 
@@ -127,7 +127,14 @@ proptest! {
                 }
                 (None, false) => {}
                 (Some(h), true) => prop_assert_eq!(h.insert(slot, &live), model.insert(slot)),
-                (Some(h), false) => prop_assert_eq!(h.remove(slot), model.remove(&slot)),
+                (Some(h), false) => {
+                    let expected = match (model.remove(&slot), model.is_empty()) {
+                        (false, _) => Removal::Absent,
+                        (true, false) => Removal::Removed,
+                        (true, true) => Removal::Emptied,
+                    };
+                    prop_assert_eq!(h.remove(slot), expected);
+                }
             }
             if let Some(h) = &holders {
                 prop_assert_eq!(h.len(), model.len());
