@@ -166,7 +166,9 @@ impl Maps {
         // once, with no update of a set about to be dropped nor a second
         // look at what is left of it.
         if entry.get().1.is_only(slot) {
-            entry.remove();
+            // Inline, the set owns nothing: forgotten rather than dropped,
+            // it costs no second look at its form.
+            std::mem::forget(entry.remove().0);
             return true;
         }
         match entry.get_mut().1.remove(slot) {
