@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use super::holders::{Bits, Holders, Removal, WorkerSlot};
-use crate::medium::Slot;
+use crate::medium::{DEVICE_SLOT, Slot};
 use crate::sync::{RwLock, RwLockReadGuard, read, write};
 
 /// log2 of the locks: 16, so workers applied from different threads
@@ -282,6 +282,13 @@ impl Shards {
         live: &Bits,
     ) -> usize {
         let hasher = &self.hasher;
+        // The device medium's (most events') with its slot a constant, so
+        // that no key's update chooses between media.
+        if medium == DEVICE_SLOT {
+            return self.each(keys, move |maps, key| {
+                maps.insert(DEVICE_SLOT, key, slot, live, hasher)
+            });
+        }
         self.each(keys, move |maps, key| {
             maps.insert(medium, key, slot, live, hasher)
         })
@@ -295,6 +302,10 @@ impl Shards {
         keys: impl IntoIterator<Item = u128>,
         slot: WorkerSlot,
     ) -> usize {
+        // As `insert`.
+        if medium == DEVICE_SLOT {
+            return self.each(keys, move |maps, key| maps.remove(DEVICE_SLOT, key, slot));
+        }
         self.each(keys, move |maps, key| maps.remove(medium, key, slot))
     }
 
