@@ -336,18 +336,18 @@ impl Shards {
         // per key in its lock's mask.
         let mut round = [(0u128, KeyHash(0)); ROUND];
         loop {
-            let mut n = 0;
             let mut masks = [0u64; LOCKS];
-            // Key `n`'s bit, shifted along with it (`1 << n` took three
-            // instructions a key).
+            // The next key's bit, shifted along (`1 << n` took three
+            // instructions a key): after `n` keys it is `1 << n`, or 0
+            // after all `ROUND`, so it counts them too.
             let mut bit = 1u64;
             for (at, key) in round.iter_mut().zip(&mut keys) {
                 let hashed = self.hashed(key);
                 masks[hashed.1.map() >> MAP_BITS] |= bit;
                 bit <<= 1;
                 *at = hashed;
-                n += 1;
             }
+            let n = bit.trailing_zeros() as usize;
             done += if n < GROUPED {
                 self.one_by_one(round[..n].iter().copied(), &mut op)
             } else {
