@@ -38,7 +38,7 @@ pub(crate) struct Shared {
     /// Whether the state keeps a spare batch buffer: written under the
     /// lock, read without it, so that a match with none to take allocates
     /// its buffer before locking. A stale answer costs one allocation under
-    /// the lock, or one buffer allocated and not used; never a result.
+    /// the lock, or one a kept buffer could have spared; never a result.
     has_spare: AtomicBool,
 }
 
