@@ -119,6 +119,11 @@ fn main() -> Result<()> {
         Some("store-limits") => store_limits::run(&sh),
         Some("vllm-groups") => vllm::groups(&sh, text_option(&args, "--trace")?),
         Some("vllm-pool") => vllm::pool(&sh, text_option(&args, "--trace")?),
+        Some("vllm-steps") => vllm::steps(
+            &sh,
+            text_option(&args, "--trace")?,
+            text_option(&args, "--requests")?,
+        ),
         Some("fuzz") => fuzz(&sh, cases.unwrap_or(DEFAULT_FUZZ_CASES)),
         Some(name) => match GATES.iter().find(|gate| gate.name == name) {
             Some(gate) => (gate.run)(&sh),
@@ -164,6 +169,12 @@ fn help() {
          step for step on a trace, its prefix-caching and scheduler tests, per-step time \
          (--trace FILE; uses target/vllm-venv; not part of ci)",
         "vllm-pool"
+    );
+    eprintln!(
+        "  {:<12} vLLM 0.33's Scheduler and kvbm's on the README's all-at-once replay in one \
+         run: µs per scheduled request-step each, and their ratio (--trace FILE, --requests N; \
+         uses target/vllm-venv; not part of ci)",
+        "vllm-steps"
     );
     eprintln!(
         "  {:<12} run every crate's API fuzzers and liveness properties long, in release \

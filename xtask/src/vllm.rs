@@ -191,3 +191,37 @@ pub(crate) fn groups(sh: &Shell, trace: Option<&str>) -> Result<()> {
     .context("vLLM's KV cache manager and kvbm's grouped sequences disagree")?;
     Ok(())
 }
+
+/// `vllm-steps`: vLLM's Scheduler and kvbm's on the README's all-at-once
+/// replay, in one run (`xtask/interop/vllm_step_cost.py`): the cost of a
+/// scheduled request-step on each side and their ratio, both measured on
+/// the same machine in the same hour. `requests` limits the replay to the
+/// trace's first requests (the whole trace by default: about 5 minutes and
+/// 10 GB of memory on vLLM's side).
+pub(crate) fn steps(sh: &Shell, trace: Option<&str>, requests: Option<&str>) -> Result<()> {
+    let root = project_root();
+    let cargo = cargo();
+    let python = vllm_python(sh)?;
+    let work = root.join("target/vllm-pool");
+    cmd!(
+        sh,
+        "{python} xtask/interop/check_vllm_pool.py prepare {work}"
+    )
+    .run()?;
+    cmd!(sh, "{cargo} build --release --quiet -p kvbm-sim").run()?;
+    let binary = root.join("target/release/kvbm-sim");
+    let sdist = work.join("vllm-0.33.0");
+    let trace = trace.unwrap_or("../shared/traces/conversation_trace.jsonl");
+    let requests = requests.unwrap_or("0");
+    cmd!(
+        sh,
+        "{python} xtask/interop/vllm_step_cost.py {trace} --tests-root {sdist} --kvbm-sim {binary} --requests {requests}"
+    )
+    .env("PYTHONPATH", root.join("xtask/interop"))
+    .env("HF_HOME", work.join("hf"))
+    .env("VLLM_TARGET_DEVICE", "cpu")
+    .env("HF_HUB_OFFLINE", "1")
+    .run()
+    .context("vLLM's Scheduler and kvbm's did different work on the replay")?;
+    Ok(())
+}
