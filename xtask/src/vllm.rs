@@ -209,10 +209,19 @@ pub(crate) fn steps(sh: &Shell, trace: Option<&str>, requests: Option<&str>) -> 
     )
     .run()?;
     cmd!(sh, "{cargo} build --release --quiet -p kvbm-sim").run()?;
+    cmd!(
+        sh,
+        "{cargo} build --release --quiet -p kvbm-benches --example memory_latency"
+    )
+    .run()?;
     let binary = root.join("target/release/kvbm-sim");
+    let latency = root.join("target/release/examples/memory_latency");
     let sdist = work.join("vllm-0.33.0");
     let trace = trace.unwrap_or("../shared/traces/conversation_trace.jsonl");
     let requests = requests.unwrap_or("0");
+    // The machine's memory latency before and after: the kind of hour the
+    // figures between were measured in.
+    cmd!(sh, "{latency}").run()?;
     cmd!(
         sh,
         "{python} xtask/interop/vllm_step_cost.py {trace} --tests-root {sdist} --kvbm-sim {binary} --requests {requests}"
@@ -222,6 +231,10 @@ pub(crate) fn steps(sh: &Shell, trace: Option<&str>, requests: Option<&str>) -> 
     .env("VLLM_TARGET_DEVICE", "cpu")
     .env("HF_HUB_OFFLINE", "1")
     .run()
-    .context("vLLM's Scheduler and kvbm's did different work on the replay")?;
+    .context(
+        "vllm_step_cost.py failed: vLLM's Scheduler and kvbm's did different work \
+         (printed above), or a side did not run",
+    )?;
+    cmd!(sh, "{latency}").run()?;
     Ok(())
 }
