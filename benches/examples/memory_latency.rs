@@ -5,8 +5,9 @@
 //! the README quotes wait on such misses (block registrations, evictions,
 //! the router's index at 1,024 engines), and these 2-core machines share
 //! their caches and memory with other work, so the same binary's time
-//! moves by 2x between days. Quote this beside a timing to say which kind
-//! of hour it was measured in.
+//! moves by 2x between days. Quote this beside a timing: whether it tells
+//! a fast hour from a slow one is still to be seen (on 2026-11-28, a slow
+//! day, it did not track the replays' noise within the afternoon).
 //!
 //! ```sh
 //! cargo run --release -p kvbm-benches --example memory_latency

@@ -219,8 +219,8 @@ pub(crate) fn steps(sh: &Shell, trace: Option<&str>, requests: Option<&str>) -> 
     let sdist = work.join("vllm-0.33.0");
     let trace = trace.unwrap_or("../shared/traces/conversation_trace.jsonl");
     let requests = requests.unwrap_or("0");
-    // The machine's memory latency before and after: the kind of hour the
-    // figures between were measured in.
+    // The machine's memory latency before and after, to quote beside the
+    // figures between.
     cmd!(sh, "{latency}").run()?;
     cmd!(
         sh,
