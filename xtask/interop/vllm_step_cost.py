@@ -37,7 +37,7 @@ import sys
 import time
 
 import trace_workload
-from check_vllm_pool import make_requests, runner_output
+from check_vllm_pool import make_requests, timed_step
 
 BLOCK_SIZE = 16
 BLOCKS = 187_500
@@ -101,14 +101,8 @@ def vllm_run(tests_root, work):
     seen = set()
     spent = 0.0
     while scheduler.has_unfinished_requests():
-        start = time.perf_counter()
-        output = scheduler.schedule()
-        middle = time.perf_counter()
-        result = runner_output(output, scheduler)
-        resume = time.perf_counter()
-        scheduler.update_from_output(output, result)
-        end = time.perf_counter()
-        spent += (middle - start) + (end - resume)
+        step_spent, output, _ = timed_step(scheduler)
+        spent += step_spent
         steps += 1
         request_steps += len(output.num_scheduled_tokens)
         for new in output.scheduled_new_reqs:

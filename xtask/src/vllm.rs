@@ -76,6 +76,15 @@ fn vllm_python(sh: &Shell) -> Result<PathBuf> {
 /// (the versions the `python` gate pins).
 const POOL_TOOLS: [&str; 2] = [crate::python::PYTEST, crate::python::MATURIN];
 
+/// The environment vLLM runs in here: on the CPU, offline (the Hugging
+/// Face cache under `target/vllm-pool/hf` holds the one config its tests
+/// name), writing no bytecode into the sdist.
+const OFFLINE: [(&str, &str); 3] = [
+    ("VLLM_TARGET_DEVICE", "cpu"),
+    ("HF_HUB_OFFLINE", "1"),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+];
+
 /// The trace requests and blocks of `vllm-pool`'s scheduler comparison.
 const POOL_REQUESTS: &str = "500";
 const POOL_BLOCKS: &str = "3000";
@@ -103,11 +112,6 @@ pub(crate) fn pool(sh: &Shell, trace: Option<&str>) -> Result<()> {
     )
     .run()?;
     let sdist = work.join("vllm-0.33.0");
-    let offline = [
-        ("VLLM_TARGET_DEVICE", "cpu"),
-        ("HF_HUB_OFFLINE", "1"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-    ];
     let hf_home = work.join("hf");
     let plugins = root.join("xtask/interop");
 
@@ -136,7 +140,7 @@ pub(crate) fn pool(sh: &Shell, trace: Option<&str>) -> Result<()> {
         .env("KVBM_VLLM_POOL", side)
         .ignore_status()
         .quiet();
-        for (key, value) in offline {
+        for (key, value) in OFFLINE {
             run = run.env(key, value);
         }
         let output = run.output()?;
@@ -165,7 +169,7 @@ pub(crate) fn pool(sh: &Shell, trace: Option<&str>) -> Result<()> {
         "{python} xtask/interop/check_vllm_pool.py trace {trace} --tests-root {sdist} --requests {POOL_REQUESTS} --blocks {POOL_BLOCKS}"
     )
     .env("HF_HOME", &hf_home);
-    for (key, value) in offline {
+    for (key, value) in OFFLINE {
         run = run.env(key, value);
     }
     run.run()
@@ -222,16 +226,16 @@ pub(crate) fn steps(sh: &Shell, trace: Option<&str>, requests: Option<&str>) -> 
     // The machine's memory latency before and after, to quote beside the
     // figures between.
     cmd!(sh, "{latency}").run()?;
-    cmd!(
+    let mut run = cmd!(
         sh,
         "{python} xtask/interop/vllm_step_cost.py {trace} --tests-root {sdist} --kvbm-sim {binary} --requests {requests}"
     )
     .env("PYTHONPATH", root.join("xtask/interop"))
-    .env("HF_HOME", work.join("hf"))
-    .env("VLLM_TARGET_DEVICE", "cpu")
-    .env("HF_HUB_OFFLINE", "1")
-    .run()
-    .context(
+    .env("HF_HOME", work.join("hf"));
+    for (key, value) in OFFLINE {
+        run = run.env(key, value);
+    }
+    run.run().context(
         "vllm_step_cost.py failed: vLLM's Scheduler and kvbm's did different work \
          (printed above), or a side did not run",
     )?;
