@@ -16,19 +16,13 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use kvbm_benches::mix64;
+
 /// Entries of the array: 2^28 `u32`s, 1 GiB, far beyond any cache here.
 const ENTRIES: usize = 1 << 28;
 
 /// Loads timed per pass.
 const LOADS: usize = 2_000_000;
-
-/// A well-mixed 64-bit function (SplitMix64's finalizer), for addresses no
-/// prefetcher predicts.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 fn main() {
     // Written, so every page is backed (untouched zeroed pages would all
@@ -42,7 +36,7 @@ fn main() {
         for _ in 0..LOADS {
             // The next address needs this load's value.
             let value = u64::from(memory[(at & mask) as usize]);
-            at = mix(at.wrapping_add(value));
+            at = mix64(at.wrapping_add(value));
         }
         black_box(at);
         dependent = dependent.min(start.elapsed().as_nanos() as f64 / LOADS as f64);
@@ -50,7 +44,7 @@ fn main() {
         let start = Instant::now();
         let mut sum = 0u64;
         for k in 0..LOADS as u64 {
-            sum = sum.wrapping_add(u64::from(memory[(mix(k ^ pass << 40) & mask) as usize]));
+            sum = sum.wrapping_add(u64::from(memory[(mix64(k ^ pass << 40) & mask) as usize]));
         }
         black_box(sum);
         independent = independent.min(start.elapsed().as_nanos() as f64 / LOADS as f64);

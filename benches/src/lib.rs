@@ -50,6 +50,15 @@ pub fn chain_values(rng: &mut Xorshift, len: usize) -> Vec<u64> {
     (0..len).map(|_| rng.next_u64()).collect()
 }
 
+/// SplitMix64's finalizer: a bijection of `u64` whose outputs look
+/// uniform even for counting inputs, for keys and addresses no table or
+/// prefetcher can predict.
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The router's fleet rows (`--bench router`, `--example
 /// router_instructions`): keys as well mixed as real block hashes, and the
 /// events that carry them.
@@ -70,12 +79,11 @@ pub mod fleet {
     /// block hashes are uniform, so the index sees the spread it sees in
     /// service. Owner [`SHARED_CHAIN`] is the chain every worker shares.
     pub fn mixed(owner: u64, i: u64) -> u64 {
-        let mut z = owner
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03));
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        super::mix64(
+            owner
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add(i.wrapping_mul(0xd1b5_4a32_d192_ed03)),
+        )
     }
 
     /// The [`CHAIN`] keys of `owner`'s chain.

@@ -131,19 +131,17 @@ pub(crate) fn pool(sh: &Shell, trace: Option<&str>) -> Result<()> {
             sh.remove_path(&report)?;
         }
         let _dir = sh.push_dir(&sdist);
-        let mut run = cmd!(
+        let output = cmd!(
             sh,
             "{python} -m pytest -q -p no:cacheprovider --noconftest -p vllm_pool_plugin --junitxml={report} {POOL_TESTS...}"
         )
         .env("PYTHONPATH", &plugins)
         .env("HF_HOME", &hf_home)
         .env("KVBM_VLLM_POOL", side)
+        .envs(OFFLINE)
         .ignore_status()
-        .quiet();
-        for (key, value) in OFFLINE {
-            run = run.env(key, value);
-        }
-        let output = run.output()?;
+        .quiet()
+        .output()?;
         let summary = String::from_utf8_lossy(&output.stdout);
         eprintln!(
             "{side}'s pool: {}",
@@ -164,15 +162,13 @@ pub(crate) fn pool(sh: &Shell, trace: Option<&str>) -> Result<()> {
 
     // (a) and (c): the Scheduler on the trace, both pools, interleaved.
     let trace = trace.unwrap_or("../shared/traces/conversation_trace.jsonl");
-    let mut run = cmd!(
+    cmd!(
         sh,
         "{python} xtask/interop/check_vllm_pool.py trace {trace} --tests-root {sdist} --requests {POOL_REQUESTS} --blocks {POOL_BLOCKS}"
     )
-    .env("HF_HOME", &hf_home);
-    for (key, value) in OFFLINE {
-        run = run.env(key, value);
-    }
-    run.run()
+    .env("HF_HOME", &hf_home)
+    .envs(OFFLINE)
+    .run()
         .context("vLLM's Scheduler decided differently with kvbm's pool")?;
     Ok(())
 }
@@ -226,16 +222,15 @@ pub(crate) fn steps(sh: &Shell, trace: Option<&str>, requests: Option<&str>) -> 
     // The machine's memory latency before and after, to quote beside the
     // figures between.
     cmd!(sh, "{latency}").run()?;
-    let mut run = cmd!(
+    cmd!(
         sh,
         "{python} xtask/interop/vllm_step_cost.py {trace} --tests-root {sdist} --kvbm-sim {binary} --requests {requests}"
     )
     .env("PYTHONPATH", root.join("xtask/interop"))
-    .env("HF_HOME", work.join("hf"));
-    for (key, value) in OFFLINE {
-        run = run.env(key, value);
-    }
-    run.run().context(
+    .env("HF_HOME", work.join("hf"))
+    .envs(OFFLINE)
+    .run()
+    .context(
         "vllm_step_cost.py failed: vLLM's Scheduler and kvbm's did different work \
          (printed above), or a side did not run",
     )?;
